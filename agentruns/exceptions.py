@@ -1,0 +1,109 @@
+"""The vocabulary of refusals.
+
+One class per refusal, each with a stable ``code``, an HTTP ``status`` and its docstring as the
+default message. ``config.api.exception_handler`` maps them to HTTP in exactly one place; the
+inbox and playground turn them into messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LeaseholdError(Exception):
+    """Leasehold refused the request."""
+
+    code = "error"
+    status = 400
+
+    def __init__(self, message: str | None = None, **detail: Any) -> None:
+        self.message = message or (self.__doc__ or self.code).strip().splitlines()[0]
+        self.detail = detail
+        super().__init__(self.message)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, **self.detail}
+
+
+class WriteWithoutDurableExecution(LeaseholdError):
+    """A write tool was attempted by a segment that holds no lease on a persisted run."""
+
+    code = "write_without_durable_execution"
+    status = 409
+
+
+class StateWriteFailed(LeaseholdError):
+    """The database refused a state write; nothing was changed."""
+
+    code = "state_write_failed"
+    status = 503
+
+
+class RunNotFound(LeaseholdError):
+    """No such run."""
+
+    code = "run_not_found"
+    status = 404
+
+
+class ConfigurationNotFound(LeaseholdError):
+    """No active configuration with that slug."""
+
+    code = "configuration_not_found"
+    status = 400
+
+
+class InvalidRequest(LeaseholdError):
+    """The request is malformed."""
+
+    code = "invalid_request"
+    status = 400
+
+
+class NotWaiting(LeaseholdError):
+    """The run is not waiting for this decision anymore."""
+
+    code = "not_waiting"
+    status = 409
+
+
+class AlreadyDecided(LeaseholdError):
+    """Someone already decided this turn."""
+
+    code = "already_decided"
+    status = 409
+
+
+class StaleTurn(LeaseholdError):
+    """The pending action changed — review again."""
+
+    code = "stale_turn"
+    status = 409
+
+
+class SelfApprovalRefused(LeaseholdError):
+    """A colleague must approve; you may deny."""
+
+    code = "self_approval_refused"
+    status = 403
+
+
+class NotPermitted(LeaseholdError):
+    """You do not have permission to do this."""
+
+    code = "not_permitted"
+    status = 403
+
+
+class InvalidInput(LeaseholdError):
+    """The submitted values do not match the input schema."""
+
+    code = "invalid_input"
+    status = 422
+
+
+class UnreadableState(LeaseholdError):
+    """The run's stored state cannot be read."""
+
+    code = "unreadable_state"
+    status = 409

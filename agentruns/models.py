@@ -1,0 +1,210 @@
+"""Agent configurations, runs and their append-only event stream (RUNS.md §2).
+
+Status, lease and fence columns are written only by ``agentruns.transitions``; nothing else may
+``save()`` an existing run.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+
+class Provider(models.TextChoices):
+    SCRIPTED = "scripted", "Scripted (plays a fixed list of turns)"
+    OPENAI = "openai", "OpenAI-compatible chat completions"
+
+
+class Effect(models.TextChoices):
+    READ = "read", "read"
+    IDEMPOTENT_WRITE = "idempotent_write", "idempotent write"
+    NON_IDEMPOTENT_WRITE = "non_idempotent_write", "non-idempotent write"
+
+
+WRITE_EFFECTS = frozenset({Effect.IDEMPOTENT_WRITE, Effect.NON_IDEMPOTENT_WRITE})
+
+
+class Status(models.TextChoices):
+    QUEUED = "queued", "queued"
+    RUNNING = "running", "running"
+    WAITING_FOR_APPROVAL = "waiting_for_approval", "waiting for approval"
+    WAITING_FOR_INPUT = "waiting_for_input", "waiting for input"
+    WAITING_FOR_RECONCILIATION = "waiting_for_reconciliation", "waiting for reconciliation"
+    COMPLETED = "completed", "completed"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+
+
+TERMINAL_STATUSES = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+WAITING_STATUSES = frozenset(
+    {
+        Status.WAITING_FOR_APPROVAL,
+        Status.WAITING_FOR_INPUT,
+        Status.WAITING_FOR_RECONCILIATION,
+    }
+)
+
+
+class TerminationReason(models.TextChoices):
+    COMPLETED = "completed", "completed"
+    MAX_ITERATIONS = "max_iterations", "reached the round cap"
+    PROVIDER_FAILED = "provider_failed", "the provider failed"
+    TOOL_FAILED = "tool_failed", "a tool failed"
+    NOT_RETRYABLE = "not_retryable", "failed with an error that is not retried"
+    RETRIES_EXHAUSTED = "retries_exhausted", "used its whole retry budget"
+    NOT_RESUMABLE = "not_resumable", "its stored state could not be rehydrated"
+    ABANDONED = "abandoned", "the client went away mid-stream"
+    RECONCILED_ABANDONED = "reconciled_abandoned", "abandoned by an operator during reconciliation"
+    CANCELLED = "cancelled", "cancelled"
+
+
+class EventKind(models.TextChoices):
+    REQUEST = "request", "request"
+    LLM = "llm", "model answer"
+    TOOL = "tool", "tool call"
+    APPROVAL = "approval", "approval decision"
+    INPUT = "input", "human input"
+    RECONCILIATION = "reconciliation", "reconciliation"
+    LEASE = "lease", "lease"
+    REAPER = "reaper", "reaper"
+    CANCEL = "cancel", "cancel"
+
+
+class Segment(models.TextChoices):
+    INTERACTIVE = "interactive", "interactive"
+    RESUME = "resume", "resume"
+    WORKER = "worker", "worker"
+
+
+class AgentConfiguration(models.Model):
+    """What an agent is: its provider, model, prompt, tools and limits. Edited in the admin."""
+
+    slug = models.SlugField(unique=True)
+    name = models.CharField(max_length=200)
+    provider = models.CharField(max_length=20, choices=Provider.choices, default=Provider.SCRIPTED)
+    model = models.CharField(max_length=200, blank=True)
+    base_url = models.URLField(
+        blank=True, help_text="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1"
+    )
+    api_key_env = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="Name of the environment variable holding the API key (never the key itself).",
+    )
+    timeout_seconds = models.PositiveIntegerField(default=30, help_text="Provider call timeout.")
+    system_prompt = models.TextField(blank=True)
+    tools = models.JSONField(default=list, blank=True, help_text="Allowed tool names; empty = all.")
+    max_iterations = models.PositiveSmallIntegerField(
+        default=10, help_text="Model rounds before the run is truncated (capped by MAX_ITERATIONS)."
+    )
+    require_second_approver = models.BooleanField(
+        default=False, help_text="Four-eyes: the initiator may deny but not approve their own run."
+    )
+    script = models.JSONField(
+        default=list, blank=True, help_text="Turns for the scripted provider."
+    )
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.name or self.slug
+
+
+class AgentRun(models.Model):
+    """One agent run. Its status, claim, lease and fence change only through transitions."""
+
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    configuration = models.ForeignKey(
+        AgentConfiguration, on_delete=models.PROTECT, related_name="runs"
+    )
+    initiator = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="agent_runs",
+    )
+    prompt = models.TextField()
+    request = models.JSONField(default=dict, blank=True)
+
+    status = models.CharField(max_length=32, choices=Status.choices)
+    termination_reason = models.CharField(
+        max_length=32, choices=TerminationReason.choices, blank=True
+    )
+
+    claimed_by = models.CharField(max_length=255, blank=True)
+    lease_expires = models.DateTimeField(null=True, blank=True)
+    lease_epoch = models.PositiveIntegerField(default=0)
+    pending_effect = models.CharField(max_length=32, choices=Effect.choices, blank=True)
+    pending_call = models.JSONField(null=True, blank=True)
+    requeue_count = models.PositiveIntegerField(default=0)
+    loop_state = models.JSONField(default=dict, blank=True)
+    pending_turn = models.JSONField(null=True, blank=True)
+
+    output = models.TextField(blank=True)
+    error = models.JSONField(default=dict, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    total_tokens = models.PositiveIntegerField(default=0)
+    iterations = models.PositiveIntegerField(default=0)
+    truncated = models.BooleanField(default=False)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["status", "lease_expires"], name="agentrun_status_lease"),
+            models.Index(fields=["status", "created_at"], name="agentrun_status_created"),
+            models.Index(fields=["initiator", "created_at"], name="agentrun_initiator_created"),
+        ]
+        permissions = [
+            ("decide_agentrun", "Can decide pending agent runs (approve, deny, input, reconcile)"),
+            ("use_playground", "Can use the tool playground"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.uuid} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class AgentRunEvent(models.Model):
+    """One step of a run. Append-only; ``(run, sequence)`` is unique so no two writers agree."""
+
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="events")
+    sequence = models.PositiveIntegerField()
+    kind = models.CharField(max_length=20, choices=EventKind.choices)
+    segment = models.CharField(max_length=255, blank=True)
+    lease_epoch = models.PositiveIntegerField(default=0)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    payload = models.JSONField(default=dict, blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="Who decided (approval, input, reconciliation, cancel).",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "sequence"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "sequence"], name="agentrunevent_run_sequence")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.sequence} {self.kind}"

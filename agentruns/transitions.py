@@ -1,0 +1,655 @@
+"""Every guarded write on a run's status, lease and fence columns (RUNS.md §3.2).
+
+Each state change is one filtered ``UPDATE`` whose ``WHERE`` is the guard and whose row count is
+the verdict, or — for a decision that must read, check and claim — one transaction holding the
+row lock (``select_for_update``; on SQLite the IMMEDIATE transaction serialises writers instead).
+Nothing else in the code base writes these columns.
+
+Conventions:
+
+* Lease arithmetic and comparisons use the database clock (``Now()``), never the app server's.
+* "Owner" means ``claimed_by`` **and** ``lease_epoch``: a zombie holding an older epoch of the
+  same identity matches nothing.
+* Segment writes return ``bool``: ``False`` means the lease is lost (or the run was cancelled)
+  and the caller must stop at once — settle nothing, write no event, start no write.
+* Decisions raise a typed refusal (``StaleTurn``, ``AlreadyDecided``, ``NotWaiting``, …) and
+  change nothing when refused.
+* A database error never escapes as a bare ``DatabaseError``: it becomes ``StateWriteFailed``
+  after the transaction rolled back.
+* Events written with a state change are inserted in the same transaction, after the guarded
+  ``UPDATE`` took the row, so an event exists if and only if its change took effect.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, ParamSpec, TypeVar
+from uuid import UUID
+
+from django.core.exceptions import ValidationError
+from django.db import DatabaseError, transaction
+from django.db.models import DateTimeField, ExpressionWrapper, F, Max, Q, Value
+from django.db.models.functions import Coalesce, Now
+
+from agentruns import conf
+from agentruns.exceptions import (
+    AlreadyDecided,
+    LeaseholdError,
+    NotWaiting,
+    RunNotFound,
+    StaleTurn,
+    StateWriteFailed,
+)
+from agentruns.models import (
+    TERMINAL_STATUSES,
+    AgentConfiguration,
+    AgentRun,
+    AgentRunEvent,
+    Effect,
+    EventKind,
+    Status,
+    TerminationReason,
+)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+NON_TERMINAL = [s for s in Status.values if s not in TERMINAL_STATUSES]
+
+
+@dataclass
+class Lease:
+    """A segment's hold on a run: the identity and fencing token every guarded write carries.
+
+    ``next_sequence`` is the segment's event counter. While the lease is held nobody else
+    appends events (decisions need a waiting run, the reaper a stale one), so it stays exact.
+    """
+
+    run_id: int
+    uuid: UUID
+    owner: str
+    epoch: int
+    next_sequence: int
+
+    def as_filter(self) -> Q:
+        return Q(
+            pk=self.run_id,
+            status=Status.RUNNING,
+            claimed_by=self.owner,
+            lease_epoch=self.epoch,
+        )
+
+
+@dataclass
+class EventSpec:
+    """An event to append in the same transaction as a state change."""
+
+    kind: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    duration_ms: int | None = None
+    actor_id: int | None = None
+
+
+@dataclass
+class Decided:
+    """A decision that took effect: the run after it, and the lease when continued inline."""
+
+    run: AgentRun
+    lease: Lease | None
+
+
+def _state_write(func: Callable[P, R]) -> Callable[P, R]:
+    """Turn a database error into ``StateWriteFailed`` (the transaction has rolled back)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except LeaseholdError:
+            raise
+        except DatabaseError as exc:
+            raise StateWriteFailed(
+                f"{func.__name__}: the database refused the write ({type(exc).__name__})",
+                transition=func.__name__,
+            ) from exc
+
+    return wrapper
+
+
+def lease_deadline() -> ExpressionWrapper:
+    """``Now() + LEASE_SECONDS`` on the database clock."""
+    return ExpressionWrapper(
+        Now() + Value(timedelta(seconds=conf.get("LEASE_SECONDS"))),
+        output_field=DateTimeField(),
+    )
+
+
+def _next_sequence(run_id: int) -> int:
+    """The next free event sequence; call only while holding the run row (lock or guard)."""
+    last = AgentRunEvent.objects.filter(run_id=run_id).aggregate(m=Max("sequence"))["m"]
+    return 0 if last is None else last + 1
+
+
+def _insert_events(
+    run_id: int, first_sequence: int, segment: str, epoch: int, events: Iterable[EventSpec]
+) -> int:
+    rows = [
+        AgentRunEvent(
+            run_id=run_id,
+            sequence=first_sequence + offset,
+            kind=spec.kind,
+            segment=segment,
+            lease_epoch=epoch,
+            duration_ms=spec.duration_ms,
+            payload=spec.payload,
+            actor_id=spec.actor_id,
+        )
+        for offset, spec in enumerate(events)
+    ]
+    if rows:
+        AgentRunEvent.objects.bulk_create(rows)
+    return first_sequence + len(rows)
+
+
+def _guarded_segment_write(
+    lease: Lease, values: dict[str, Any], events: Iterable[EventSpec] = ()
+) -> bool:
+    """One owner-guarded UPDATE, plus the events it carries in the same transaction."""
+    events = list(events)
+    values = {**values, "updated_at": Now()}
+    if not events:
+        return AgentRun.objects.filter(lease.as_filter()).update(**values) == 1
+    with transaction.atomic():
+        if AgentRun.objects.filter(lease.as_filter()).update(**values) != 1:
+            return False
+        lease.next_sequence = _insert_events(
+            lease.run_id, lease.next_sequence, lease.owner, lease.epoch, events
+        )
+    return True
+
+
+# --- Births ------------------------------------------------------------------------------------
+
+
+@_state_write
+def run_start(
+    *,
+    configuration: AgentConfiguration,
+    initiator_id: int | None,
+    prompt: str,
+    request: Mapping[str, Any],
+    identity: str,
+) -> Lease:
+    """Insert a ``running`` run claimed at birth by ``identity`` with epoch 1."""
+    with transaction.atomic():
+        run = AgentRun.objects.create(
+            configuration=configuration,
+            initiator_id=initiator_id,
+            prompt=prompt,
+            request=dict(request),
+            status=Status.RUNNING,
+            claimed_by=identity,
+            lease_expires=lease_deadline(),
+            lease_epoch=1,
+            started_at=Now(),
+        )
+        lease = Lease(run.pk, run.uuid, identity, 1, next_sequence=0)
+        lease.next_sequence = _insert_events(
+            run.pk, 0, identity, 1, [EventSpec(EventKind.LEASE, {"action": "claimed_at_birth"})]
+        )
+    return lease
+
+
+@_state_write
+def run_enqueue(
+    *,
+    configuration: AgentConfiguration,
+    initiator_id: int | None,
+    prompt: str,
+    request: Mapping[str, Any],
+) -> AgentRun:
+    """Insert a ``queued`` run with no claim. The caller sends the wake-up after commit."""
+    return AgentRun.objects.create(
+        configuration=configuration,
+        initiator_id=initiator_id,
+        prompt=prompt,
+        request=dict(request),
+        status=Status.QUEUED,
+    )
+
+
+# --- Claims, heartbeat, fence --------------------------------------------------------------------
+
+
+@_state_write
+def run_claim_queued(*, run_id: int, identity: str) -> Lease | None:
+    """Claim a ``queued`` run: ``running``, a lease for ``identity``, epoch + 1.
+
+    A compare-and-set on ``(status, lease_epoch)``: of any number of concurrent claimers exactly
+    one matches. ``None`` means another worker won or the run is no longer queued (cancelled,
+    already running, terminal): do nothing.
+    """
+    row = AgentRun.objects.filter(pk=run_id).values("status", "lease_epoch", "uuid").first()
+    if row is None or row["status"] != Status.QUEUED:
+        return None
+    epoch = row["lease_epoch"] + 1
+    with transaction.atomic():
+        claimed = AgentRun.objects.filter(
+            pk=run_id, status=Status.QUEUED, lease_epoch=row["lease_epoch"]
+        ).update(
+            status=Status.RUNNING,
+            claimed_by=identity,
+            lease_expires=lease_deadline(),
+            lease_epoch=epoch,
+            started_at=Coalesce(F("started_at"), Now()),
+            updated_at=Now(),
+        )
+        if claimed != 1:
+            return None
+        lease = Lease(run_id, row["uuid"], identity, epoch, next_sequence=_next_sequence(run_id))
+        lease.next_sequence = _insert_events(
+            run_id,
+            lease.next_sequence,
+            identity,
+            epoch,
+            [EventSpec(EventKind.LEASE, {"action": "claimed"})],
+        )
+    return lease
+
+
+@_state_write
+def run_heartbeat(
+    lease: Lease,
+    *,
+    loop_state: Mapping[str, Any] | None = None,
+    events: Iterable[EventSpec] = (),
+) -> bool:
+    """Renew the lease (a step boundary may also save ``loop_state`` and append events).
+
+    Guard: ``running``, ``claimed_by`` = owner, ``lease_epoch`` = epoch. ``False``: lease lost.
+    """
+    values: dict[str, Any] = {"lease_expires": lease_deadline()}
+    if loop_state is not None:
+        values["loop_state"] = dict(loop_state)
+    return _guarded_segment_write(lease, values, events)
+
+
+@_state_write
+def run_stamp_fence(
+    lease: Lease,
+    *,
+    effect: str,
+    call: Mapping[str, Any],
+    loop_state: Mapping[str, Any] | None = None,
+) -> bool:
+    """Stamp the write in flight (its effect and call) before the tool runs; renews the lease.
+
+    ``False``: lease lost — the write must not start.
+    """
+    values: dict[str, Any] = {
+        "pending_effect": effect,
+        "pending_call": dict(call),
+        "lease_expires": lease_deadline(),
+    }
+    if loop_state is not None:
+        values["loop_state"] = dict(loop_state)
+    return _guarded_segment_write(lease, values)
+
+
+@_state_write
+def run_clear_fence(
+    lease: Lease,
+    *,
+    loop_state: Mapping[str, Any] | None = None,
+    events: Iterable[EventSpec] = (),
+) -> bool:
+    """Clear the fence after the tool ran (a heartbeat too). ``False``: lease lost."""
+    values: dict[str, Any] = {
+        "pending_effect": "",
+        "pending_call": None,
+        "lease_expires": lease_deadline(),
+    }
+    if loop_state is not None:
+        values["loop_state"] = dict(loop_state)
+    return _guarded_segment_write(lease, values, events)
+
+
+@_state_write
+def run_suspend(
+    lease: Lease,
+    *,
+    status: str,
+    pending_turn: Mapping[str, Any],
+    loop_state: Mapping[str, Any],
+    events: Iterable[EventSpec] = (),
+) -> bool:
+    """Park a running run in a ``waiting_for_*`` state with its pending turn; release the claim.
+
+    ``False``: the run was cancelled or the lease lost meanwhile — fail closed, never announce a
+    resumable pause.
+    """
+    if status not in {Status.WAITING_FOR_APPROVAL, Status.WAITING_FOR_INPUT}:
+        raise ValueError(f"cannot suspend into {status!r}")
+    return _guarded_segment_write(
+        lease,
+        {
+            "status": status,
+            "pending_turn": dict(pending_turn),
+            "loop_state": dict(loop_state),
+            "claimed_by": "",
+            "lease_expires": None,
+        },
+        events,
+    )
+
+
+@_state_write
+def run_requeue(
+    lease: Lease,
+    *,
+    error: Mapping[str, Any],
+    events: Iterable[EventSpec] = (),
+) -> bool:
+    """Hand a failed running run back to the queue for a retry: ``queued``, budget + 1.
+
+    Guard: owner. Claim and fence cleared. ``False``: lease lost.
+    """
+    return _guarded_segment_write(
+        lease,
+        {
+            "status": Status.QUEUED,
+            "requeue_count": F("requeue_count") + 1,
+            "claimed_by": "",
+            "lease_expires": None,
+            "pending_effect": "",
+            "pending_call": None,
+            "error": dict(error),
+        },
+        events,
+    )
+
+
+@_state_write
+def run_notice_cancel(lease: Lease, *, events: Iterable[EventSpec] = ()) -> bool:
+    """Record that the segment holding the run saw its cancel at a step boundary.
+
+    Guard: ``cancelled`` and still naming this owner and epoch (a cancel keeps the claim so the
+    holder can recognise it). Releases the claim; the terminal outcome is untouched.
+    """
+    with transaction.atomic():
+        released = AgentRun.objects.filter(
+            pk=lease.run_id,
+            status=Status.CANCELLED,
+            claimed_by=lease.owner,
+            lease_epoch=lease.epoch,
+        ).update(claimed_by="", updated_at=Now())
+        if released != 1:
+            return False
+        _insert_events(lease.run_id, _next_sequence(lease.run_id), lease.owner, lease.epoch, events)
+    return True
+
+
+# --- Decisions (read, check and claim under the row lock) ----------------------------------------
+
+
+def _lock_run(run_uuid: UUID | str) -> AgentRun:
+    try:
+        return AgentRun.objects.select_for_update().get(uuid=run_uuid)
+    except (AgentRun.DoesNotExist, ValidationError, ValueError) as exc:
+        raise RunNotFound() from exc
+
+
+def _check_turn(run: AgentRun, *, expected_status: str, turn_digest: str | None) -> None:
+    """Refuse unless the run waits in ``expected_status`` on exactly the turn ``turn_digest``."""
+    pending = run.pending_turn if isinstance(run.pending_turn, dict) else {}
+    if run.status == expected_status and turn_digest and pending.get("turn_digest") == turn_digest:
+        return
+    state = run.loop_state if isinstance(run.loop_state, dict) else {}
+    if turn_digest and turn_digest in state.get("decided_digests", []):
+        raise AlreadyDecided()
+    if run.status != expected_status:
+        raise NotWaiting(status=run.status)
+    raise StaleTurn()
+
+
+@_state_write
+def run_decide(
+    *,
+    run_uuid: UUID | str,
+    expected_status: str,
+    turn_digest: str | None,
+    decision: Mapping[str, Any],
+    event: EventSpec,
+    identity: str | None,
+    check: Callable[[AgentRun], None] | None = None,
+) -> Decided:
+    """Record a human decision on a waiting run and hand it on, in one locked transaction.
+
+    Guard (under the row lock): ``status == expected_status`` and the pending turn's digest equals
+    ``turn_digest``; then ``check(run)`` (e.g. four-eyes) may refuse. With ``identity`` the run
+    continues inline: ``running``, claimed by ``identity`` (a ``resume:`` segment), epoch + 1.
+    Without, it is ``queued`` for a worker. ``decision`` is stored as ``loop_state["decision"]``
+    and ``event`` is appended in the same transaction: audited if and only if it took effect.
+
+    Raises ``RunNotFound``, ``StaleTurn``, ``AlreadyDecided``, ``NotWaiting`` or what ``check``
+    raises; nothing changes then.
+    """
+    with transaction.atomic():
+        run = _lock_run(run_uuid)
+        _check_turn(run, expected_status=expected_status, turn_digest=turn_digest)
+        if check is not None:
+            check(run)
+        state = dict(run.loop_state) if isinstance(run.loop_state, dict) else {}
+        state["decision"] = dict(decision)
+        state["decided_digests"] = [*state.get("decided_digests", []), turn_digest][-50:]
+        sequence = _next_sequence(run.pk)
+        values: dict[str, Any] = {
+            "loop_state": state,
+            "pending_turn": None,
+            # A reconciliation verdict resolves the in-doubt write: the fence has done its job.
+            "pending_effect": "",
+            "pending_call": None,
+            "updated_at": Now(),
+        }
+        lease = None
+        if identity:
+            epoch = run.lease_epoch + 1
+            values.update(
+                status=Status.RUNNING,
+                claimed_by=identity,
+                lease_expires=lease_deadline(),
+                lease_epoch=epoch,
+            )
+        else:
+            epoch = run.lease_epoch
+            values.update(status=Status.QUEUED)
+        updated = AgentRun.objects.filter(pk=run.pk, status=expected_status).update(**values)
+        if updated != 1:  # pragma: no cover - impossible under the row lock
+            raise NotWaiting()
+        next_sequence = _insert_events(run.pk, sequence, identity or "", epoch, [event])
+        if identity:
+            lease = Lease(run.pk, run.uuid, identity, epoch, next_sequence=next_sequence)
+        run.refresh_from_db()
+    return Decided(run=run, lease=lease)
+
+
+@_state_write
+def run_reconcile_abandon(
+    *,
+    run_uuid: UUID | str,
+    turn_digest: str | None,
+    event: EventSpec,
+    check: Callable[[AgentRun], None] | None = None,
+) -> AgentRun:
+    """Settle an in-doubt run ``failed`` / ``reconciled_abandoned`` under the row lock.
+
+    Guard: ``waiting_for_reconciliation`` and the digest of the in-doubt call. Raises as
+    ``run_decide``.
+    """
+    with transaction.atomic():
+        run = _lock_run(run_uuid)
+        _check_turn(run, expected_status=Status.WAITING_FOR_RECONCILIATION, turn_digest=turn_digest)
+        if check is not None:
+            check(run)
+        state = dict(run.loop_state) if isinstance(run.loop_state, dict) else {}
+        state["decided_digests"] = [*state.get("decided_digests", []), turn_digest][-50:]
+        AgentRun.objects.filter(pk=run.pk, status=Status.WAITING_FOR_RECONCILIATION).update(
+            status=Status.FAILED,
+            termination_reason=TerminationReason.RECONCILED_ABANDONED,
+            loop_state=state,
+            pending_turn=None,
+            claimed_by="",
+            lease_expires=None,
+            pending_effect="",
+            pending_call=None,
+            finished_at=Now(),
+            updated_at=Now(),
+        )
+        _insert_events(run.pk, _next_sequence(run.pk), "", run.lease_epoch, [event])
+        run.refresh_from_db()
+    return run
+
+
+# --- The reaper's transitions (called inside its locked batch) -----------------------------------
+
+
+def _stale(run_id: int) -> Q:
+    return Q(pk=run_id, status=Status.RUNNING, lease_expires__lt=Now())
+
+
+@_state_write
+def run_reclaim_stale(*, run_id: int, segment: str, event: EventSpec) -> bool:
+    """Take a stale run back to ``queued`` for a worker: budget + 1, claim and fence cleared.
+
+    Guard: ``running`` and ``lease_expires < Now()``, re-checked in the UPDATE itself. ``False``:
+    the holder renewed meanwhile — skip it.
+    """
+    with transaction.atomic():
+        reclaimed = AgentRun.objects.filter(_stale(run_id)).update(
+            status=Status.QUEUED,
+            requeue_count=F("requeue_count") + 1,
+            claimed_by="",
+            lease_expires=None,
+            pending_effect="",
+            pending_call=None,
+            updated_at=Now(),
+        )
+        if reclaimed != 1:
+            return False
+        _insert_events(run_id, _next_sequence(run_id), segment, 0, [event])
+    return True
+
+
+@_state_write
+def run_mark_in_doubt(
+    *, run_id: int, pending_turn: Mapping[str, Any], segment: str, event: EventSpec
+) -> bool:
+    """Park a stale run caught mid non-idempotent write in ``waiting_for_reconciliation``.
+
+    Guard: ``running``, ``lease_expires < Now()`` and fence ``non_idempotent_write``. Claim and
+    lease cleared; ``pending_effect``/``pending_call`` kept for the reconciler. ``False``: skip.
+    """
+    with transaction.atomic():
+        marked = AgentRun.objects.filter(
+            _stale(run_id), pending_effect=Effect.NON_IDEMPOTENT_WRITE
+        ).update(
+            status=Status.WAITING_FOR_RECONCILIATION,
+            claimed_by="",
+            lease_expires=None,
+            pending_turn=dict(pending_turn),
+            updated_at=Now(),
+        )
+        if marked != 1:
+            return False
+        _insert_events(run_id, _next_sequence(run_id), segment, 0, [event])
+    return True
+
+
+# --- Endings -------------------------------------------------------------------------------------
+
+
+@_state_write
+def run_settle(
+    *,
+    run_id: int,
+    status: str,
+    reason: str,
+    lease: Lease | None = None,
+    stale_only: bool = False,
+    output: str = "",
+    error: Mapping[str, Any] | None = None,
+    totals: Mapping[str, Any] | None = None,
+    events: Iterable[EventSpec] = (),
+    segment: str = "",
+) -> bool:
+    """Move a run to a terminal status with its reason, output and totals.
+
+    Guard: status non-terminal; with ``lease``, also owner (a segment's own settle); with
+    ``stale_only``, also ``running`` and ``lease_expires < Now()`` (the reaper). Claim, lease and
+    fence are cleared. ``False``: already terminal or no longer ours — the first outcome stands.
+    """
+    if status not in TERMINAL_STATUSES:
+        raise ValueError(f"{status!r} is not terminal")
+    if lease is not None:
+        guard = lease.as_filter()
+    elif stale_only:
+        guard = _stale(run_id)
+    else:
+        guard = Q(pk=run_id, status__in=NON_TERMINAL)
+    values: dict[str, Any] = {
+        "status": status,
+        "termination_reason": reason,
+        "output": output,
+        "error": dict(error or {}),
+        "claimed_by": "",
+        "lease_expires": None,
+        "pending_effect": "",
+        "pending_call": None,
+        "pending_turn": None,
+        "finished_at": Now(),
+        "updated_at": Now(),
+        **dict(totals or {}),
+    }
+    with transaction.atomic():
+        if AgentRun.objects.filter(guard).update(**values) != 1:
+            return False
+        events = list(events)
+        if events:
+            if lease is not None:
+                lease.next_sequence = _insert_events(
+                    run_id, lease.next_sequence, lease.owner, lease.epoch, events
+                )
+            else:
+                _insert_events(run_id, _next_sequence(run_id), segment, 0, events)
+    return True
+
+
+@_state_write
+def run_cancel(*, run_id: int, actor_id: int | None = None, note: str = "") -> bool:
+    """Cancel a non-terminal run. ``False``: already terminal — nothing changes.
+
+    A running holder keeps its ``claimed_by``/``lease_epoch`` so that it recognises the cancel at
+    its next boundary (``run_notice_cancel``); the lease itself ends now.
+    """
+    with transaction.atomic():
+        cancelled = AgentRun.objects.filter(pk=run_id, status__in=NON_TERMINAL).update(
+            status=Status.CANCELLED,
+            termination_reason=TerminationReason.CANCELLED,
+            lease_expires=None,
+            pending_turn=None,
+            finished_at=Now(),
+            updated_at=Now(),
+        )
+        if cancelled != 1:
+            return False
+        _insert_events(
+            run_id,
+            _next_sequence(run_id),
+            "",
+            0,
+            [EventSpec(EventKind.CANCEL, {"note": note}, actor_id=actor_id)],
+        )
+    return True

@@ -1,0 +1,32 @@
+"""The API's one exception handler: Leasehold refusals and DRF errors as ``{"code", "message"}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import exceptions as drf_exceptions
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from agentruns.exceptions import LeaseholdError
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, LeaseholdError):
+        return Response(exc.as_dict(), status=exc.status)
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, drf_exceptions.ValidationError):
+        response.data = {
+            "code": "invalid_request",
+            "message": "The request is malformed.",
+            "errors": response.data,
+        }
+    elif isinstance(exc, drf_exceptions.APIException):
+        detail = response.data.get("detail") if isinstance(response.data, dict) else None
+        response.data = {
+            "code": getattr(detail, "code", None) or exc.default_code,
+            "message": str(detail or exc.detail),
+        }
+    return response

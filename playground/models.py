@@ -1,0 +1,16 @@
+from django.db import models
+
+
+class Note(models.Model):
+    """A small record the sample tools read and write."""
+
+    title = models.CharField(max_length=200)
+    body = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.title
