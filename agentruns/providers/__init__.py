@@ -1,0 +1,1 @@
+"""Providers: where a model turn comes from (``scripted`` or any OpenAI-compatible endpoint)."""

@@ -1,0 +1,17 @@
+"""Tools: the registry where code declares each tool's effect, and the context a call receives.
+
+The effect is code, not configuration: an administrator cannot relabel a write. Running a tool
+goes through ``agentruns.services.runtime`` (the fence hook is always installed there); nothing
+here stamps or checks a lease.
+"""
+
+from agentruns.tools.registry import (
+    Tool,
+    ToolContext,
+    ToolResult,
+    invoke_tool,
+    registry,
+    tool,
+)
+
+__all__ = ["Tool", "ToolContext", "ToolResult", "invoke_tool", "registry", "tool"]
