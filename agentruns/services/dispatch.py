@@ -1,0 +1,57 @@
+"""Wake-ups: django-q2 tasks that carry only a run's uuid (RUNS.md §9).
+
+The row is the state; a task is a hint that a run may be claimable. Duplicates and stale tasks
+are harmless because the worker's first act is a conditional claim.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from agentruns.models import AgentRun
+
+logger = logging.getLogger(__name__)
+
+TASK = "agentruns.tasks.process_run"
+
+
+def send_wakeup(run_uuid: str, *, delay_seconds: float = 0) -> None:
+    """Send the task now (or as a one-off schedule ``delay_seconds`` from now). May raise."""
+    from django_q.models import Schedule
+    from django_q.tasks import async_task
+
+    if delay_seconds <= 0:
+        async_task(TASK, str(run_uuid), group="agentruns")
+        return
+    Schedule.objects.create(
+        func=TASK,
+        args=repr(str(run_uuid)),
+        schedule_type=Schedule.ONCE,
+        repeats=1,
+        next_run=timezone.now() + timedelta(seconds=delay_seconds),
+    )
+
+
+def wake_after_commit(run_uuid: str, *, delay_seconds: float = 0) -> None:
+    """Send the wake-up once the current transaction commits (at once outside one).
+
+    A failed send is logged, not raised: the run is already queued and the reaper's redispatch
+    sends a fresh task to queued runs nobody claimed.
+    """
+
+    def send() -> None:
+        try:
+            send_wakeup(run_uuid, delay_seconds=delay_seconds)
+        except Exception:
+            logger.exception("could not send the wake-up for run %s; redispatch will", run_uuid)
+
+    transaction.on_commit(send)
+
+
+def schedule_retry(run: AgentRun, delay_seconds: float) -> None:
+    """The worker's retry hook: a delayed wake-up for a requeued run."""
+    wake_after_commit(str(run.uuid), delay_seconds=delay_seconds)

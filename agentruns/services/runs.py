@@ -1,0 +1,400 @@
+"""Run services: start, enqueue, decide, submit input, reconcile, cancel, process queued.
+
+Each takes keyword-only arguments and either returns the run's outcome or raises a typed
+refusal (``agentruns.exceptions``) before anything changed (RUNS.md §10).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from uuid import UUID
+
+import jsonschema
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.core.exceptions import ValidationError
+
+from agentruns import conf, transitions
+from agentruns.exceptions import (
+    ConfigurationNotFound,
+    InvalidInput,
+    InvalidRequest,
+    NotPermitted,
+    NotWaiting,
+    RunNotFound,
+    SelfApprovalRefused,
+    StaleTurn,
+)
+from agentruns.identity import execution_identity
+from agentruns.models import (
+    AgentConfiguration,
+    AgentRun,
+    EventKind,
+    Provider,
+    Segment,
+    Status,
+)
+from agentruns.services import dispatch
+from agentruns.services.runtime import EventObserver, Outcome, SegmentResult, continue_segment
+from agentruns.tools import registry
+
+logger = logging.getLogger(__name__)
+
+User = AbstractBaseUser | AnonymousUser
+DECIDE_PERMISSION = "agentruns.decide_agentrun"
+RECONCILIATION_VERDICTS = ("landed", "not_landed", "abandon")
+
+
+# --- Starting --------------------------------------------------------------------------------
+
+
+def _configuration(configuration: AgentConfiguration | str) -> AgentConfiguration:
+    if isinstance(configuration, AgentConfiguration):
+        if not configuration.is_active:
+            raise ConfigurationNotFound(f"configuration {configuration.slug!r} is not active")
+        return configuration
+    try:
+        return AgentConfiguration.objects.get(slug=configuration, is_active=True)
+    except AgentConfiguration.DoesNotExist:
+        raise ConfigurationNotFound(f"no active configuration {configuration!r}") from None
+
+
+def build_request(
+    *, configuration: AgentConfiguration, prompt: Any, options: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The serialised request: everything any segment on any machine needs to run it."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InvalidRequest("prompt must be a non-empty string", field="prompt")
+    options = dict(options or {})
+    unknown = set(options) - {"script", "tools", "system_prompt", "max_iterations"}
+    if unknown:
+        raise InvalidRequest(f"unknown options: {', '.join(sorted(unknown))}")
+    request: dict[str, Any] = {"prompt": prompt}
+    if options.get("script") is not None:
+        if configuration.provider != Provider.SCRIPTED:
+            raise InvalidRequest(
+                "a script is accepted only by the scripted provider", field="script"
+            )
+        if not isinstance(options["script"], list):
+            raise InvalidRequest("script must be a list of turns", field="script")
+        request["script"] = options["script"]
+    if options.get("tools") is not None:
+        tools = options["tools"]
+        if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
+            raise InvalidRequest("tools must be a list of tool names", field="tools")
+        available = set(configuration.tools or [t.name for t in registry.all()])
+        missing = [t for t in tools if t not in available]
+        if missing:
+            raise InvalidRequest(
+                f"tools not available to this configuration: {', '.join(missing)}", field="tools"
+            )
+        request["tools"] = tools
+    if options.get("system_prompt"):
+        if not isinstance(options["system_prompt"], str):
+            raise InvalidRequest("system_prompt must be a string", field="system_prompt")
+        request["system_prompt"] = options["system_prompt"]
+    if options.get("max_iterations") is not None:
+        cap = options["max_iterations"]
+        limit = int(conf.get("MAX_ITERATIONS"))
+        if not isinstance(cap, int) or isinstance(cap, bool) or not 1 <= cap <= limit:
+            raise InvalidRequest(
+                f"max_iterations must be an integer from 1 to {limit}", field="max_iterations"
+            )
+        request["max_iterations"] = cap
+    return request
+
+
+def run_start_sync(
+    *,
+    configuration: AgentConfiguration | str,
+    prompt: str,
+    initiator: User | None = None,
+    options: dict[str, Any] | None = None,
+    observer: EventObserver | None = None,
+) -> SegmentResult:
+    """Start a run claimed at birth by this process and run it until it pauses or ends."""
+    config = _configuration(configuration)
+    request = build_request(configuration=config, prompt=prompt, options=options)
+    lease = transitions.run_start(
+        configuration=config,
+        initiator_id=_user_id(initiator),
+        prompt=prompt,
+        request=request,
+        identity=execution_identity(Segment.INTERACTIVE),
+    )
+    return continue_segment(lease, observer=observer)
+
+
+def run_enqueue(
+    *,
+    configuration: AgentConfiguration | str,
+    prompt: str,
+    initiator: User | None = None,
+    options: dict[str, Any] | None = None,
+) -> AgentRun:
+    """Insert a queued run and send its wake-up after commit."""
+    config = _configuration(configuration)
+    request = build_request(configuration=config, prompt=prompt, options=options)
+    run = transitions.run_enqueue(
+        configuration=config, initiator_id=_user_id(initiator), prompt=prompt, request=request
+    )
+    dispatch.wake_after_commit(str(run.uuid))
+    return run
+
+
+def run_process_queued(*, run_uuid: UUID | str) -> SegmentResult | None:
+    """The worker's segment: claim a queued run and continue it. ``None``: nothing to claim."""
+    run_id = _run_id(run_uuid, missing_ok=True)
+    if run_id is None:
+        return None
+    lease = transitions.run_claim_queued(run_id=run_id, identity=execution_identity(Segment.WORKER))
+    if lease is None:
+        return None
+    return continue_segment(lease, retry=dispatch.schedule_retry)
+
+
+# --- Deciding --------------------------------------------------------------------------------
+
+
+def _user_id(user: User | None) -> int | None:
+    if user is None or not getattr(user, "is_authenticated", False):
+        return None
+    return user.pk
+
+
+def _require_decider(actor: User) -> None:
+    if not getattr(actor, "is_authenticated", False) or not actor.has_perm(DECIDE_PERMISSION):
+        raise NotPermitted("deciding needs the agentruns.decide_agentrun permission")
+
+
+def _run_id(run_uuid: UUID | str, *, missing_ok: bool = False) -> int | None:
+    try:
+        run_id = AgentRun.objects.filter(uuid=run_uuid).values_list("pk", flat=True).first()
+    except (ValidationError, ValueError):
+        run_id = None
+    if run_id is None and not missing_ok:
+        raise RunNotFound()
+    return run_id
+
+
+def _mode_identity(mode: str) -> str | None:
+    if mode == "inline":
+        return execution_identity(Segment.RESUME)
+    if mode == "queued":
+        return None
+    raise InvalidRequest("mode must be 'inline' or 'queued'", field="mode")
+
+
+def _hand_on(decided: transitions.Decided, observer: EventObserver | None) -> SegmentResult:
+    if decided.lease is not None:
+        return continue_segment(decided.lease, observer=observer)
+    if decided.run.status == Status.QUEUED:
+        dispatch.wake_after_commit(str(decided.run.uuid))
+        return SegmentResult(Outcome.QUEUED, decided.run)
+    return SegmentResult(Outcome.FAILED, decided.run)
+
+
+def run_decide(
+    *,
+    run_uuid: UUID | str,
+    actor: User,
+    approved: bool,
+    turn_digest: str | None,
+    mode: str = "queued",
+    observer: EventObserver | None = None,
+) -> SegmentResult:
+    """Approve or deny the pending turn of a run waiting for approval.
+
+    Refusals (nothing changes): ``NotPermitted``, ``RunNotFound``, ``StaleTurn`` (missing or
+    stale digest), ``AlreadyDecided``, ``NotWaiting``, ``SelfApprovalRefused`` (four-eyes: the
+    initiator may deny but not approve). Inline mode continues under a ``resume:`` claim in this
+    process; queued mode hands the continuation to a worker.
+    """
+    _require_decider(actor)
+    identity = _mode_identity(mode)
+    if not isinstance(approved, bool):
+        raise InvalidRequest("approved must be true or false", field="approved")
+
+    def four_eyes(run: AgentRun) -> None:
+        if (
+            approved
+            and run.initiator_id is not None
+            and run.initiator_id == actor.pk
+            and AgentConfiguration.objects.filter(
+                pk=run.configuration_id, require_second_approver=True
+            ).exists()
+        ):
+            raise SelfApprovalRefused()
+
+    pending_calls = _pending(run_uuid).get("calls", [])
+    decided = transitions.run_decide(
+        run_uuid=run_uuid,
+        expected_status=Status.WAITING_FOR_APPROVAL,
+        turn_digest=turn_digest,
+        decision={"kind": "approval", "approved": approved, "decider_id": actor.pk},
+        event=transitions.EventSpec(
+            EventKind.APPROVAL,
+            {
+                "approved": approved,
+                "turn_digest": turn_digest,
+                "mode": mode,
+                "decider": actor.get_username(),
+                "calls": [{"id": c.get("id"), "name": c.get("name")} for c in pending_calls],
+            },
+            actor_id=actor.pk,
+        ),
+        identity=identity,
+        check=four_eyes,
+    )
+    return _hand_on(decided, observer)
+
+
+def _pending(run_uuid: UUID | str) -> dict[str, Any]:
+    try:
+        pending = AgentRun.objects.filter(uuid=run_uuid).values_list("pending_turn", flat=True)
+        value = pending.first()
+    except (ValidationError, ValueError):
+        raise RunNotFound() from None
+    return value if isinstance(value, dict) else {}
+
+
+def validate_values(schema: dict[str, Any], values: Any) -> list[str]:
+    """Validate human-supplied values against an input schema; the messages, empty if valid."""
+    if not isinstance(values, dict):
+        return ["values must be an object"]
+    validator_cls = jsonschema.validators.validator_for(schema)
+    validator = validator_cls(schema)
+    return [
+        (f"{'.'.join(str(p) for p in error.path)}: " if error.path else "") + error.message
+        for error in sorted(validator.iter_errors(values), key=lambda e: list(e.path))
+    ]
+
+
+def run_submit_input(
+    *,
+    run_uuid: UUID | str,
+    actor: User,
+    values: Any,
+    turn_digest: str | None,
+    mode: str = "queued",
+    observer: EventObserver | None = None,
+) -> SegmentResult:
+    """Supply the typed values a tool asked a human for.
+
+    The values are validated against the pending input schema before anything is claimed
+    (``InvalidInput``, 422, with ``errors``); the digest binds them to that schema.
+    """
+    _require_decider(actor)
+    identity = _mode_identity(mode)
+    pending = _pending(run_uuid)
+    if not pending:
+        _run_id(run_uuid)  # RunNotFound first
+    if pending.get("kind") != "input":
+        raise NotWaiting()
+    if not turn_digest or pending.get("turn_digest") != turn_digest:
+        # Checked again under the lock; refusing here avoids validating against the wrong schema.
+        raise StaleTurn()
+    errors = validate_values(pending.get("input_schema") or {}, values)
+    if errors:
+        raise InvalidInput(errors=errors)
+    call = pending.get("call") or {}
+    decided = transitions.run_decide(
+        run_uuid=run_uuid,
+        expected_status=Status.WAITING_FOR_INPUT,
+        turn_digest=turn_digest,
+        decision={
+            "kind": "input",
+            "call_id": call.get("id"),
+            "values": values,
+            "decider_id": actor.pk,
+        },
+        event=transitions.EventSpec(
+            EventKind.INPUT,
+            {
+                "call_id": call.get("id"),
+                "name": call.get("name"),
+                "values": values,
+                "turn_digest": turn_digest,
+                "mode": mode,
+                "decider": actor.get_username(),
+            },
+            actor_id=actor.pk,
+        ),
+        identity=identity,
+    )
+    return _hand_on(decided, observer)
+
+
+def reconciliation_turn(run: AgentRun) -> dict[str, Any]:
+    """The pending turn shown for an in-doubt run: the call in flight and its digest."""
+    from agentruns.digests import turn_digest
+
+    call = dict(run.pending_call or {})
+    call.setdefault("id", "")
+    call.setdefault("name", "")
+    call.setdefault("arguments", {})
+    call.setdefault("effect", run.pending_effect)
+    return {
+        "kind": "reconciliation",
+        "call": call,
+        "idempotency_key": f"{run.uuid}:{call['id']}",
+        "segment": run.claimed_by,
+        "lease_epoch": run.lease_epoch,
+        "lease_expired_at": run.lease_expires.isoformat() if run.lease_expires else None,
+        "turn_digest": turn_digest([call]),
+    }
+
+
+def run_reconcile(
+    *,
+    run_uuid: UUID | str,
+    actor: User,
+    verdict: str,
+    turn_digest: str | None,
+    mode: str = "queued",
+    observer: EventObserver | None = None,
+) -> SegmentResult:
+    """Resolve an in-doubt write (RUNS.md §8): ``landed``, ``not_landed`` or ``abandon``."""
+    _require_decider(actor)
+    if verdict not in RECONCILIATION_VERDICTS:
+        raise InvalidRequest(
+            f"verdict must be one of {', '.join(RECONCILIATION_VERDICTS)}", field="verdict"
+        )
+    identity = _mode_identity(mode)
+    pending = _pending(run_uuid)
+    event = transitions.EventSpec(
+        EventKind.RECONCILIATION,
+        {
+            "verdict": verdict,
+            "turn_digest": turn_digest,
+            "call": pending.get("call"),
+            "mode": mode,
+            "decider": actor.get_username(),
+        },
+        actor_id=actor.pk,
+    )
+    if verdict == "abandon":
+        run = transitions.run_reconcile_abandon(
+            run_uuid=run_uuid, turn_digest=turn_digest, event=event
+        )
+        return SegmentResult(Outcome.FAILED, run)
+    decided = transitions.run_decide(
+        run_uuid=run_uuid,
+        expected_status=Status.WAITING_FOR_RECONCILIATION,
+        turn_digest=turn_digest,
+        decision={
+            "kind": "reconciliation",
+            "verdict": verdict,
+            "call": pending.get("call"),
+            "decider_id": actor.pk,
+        },
+        event=event,
+        identity=identity,
+    )
+    return _hand_on(decided, observer)
+
+
+def run_cancel(*, run_uuid: UUID | str, actor: User | None = None, note: str = "") -> bool:
+    """Cancel a non-terminal run; ``False`` when it was already terminal."""
+    run_id = _run_id(run_uuid)
+    return transitions.run_cancel(run_id=run_id, actor_id=_user_id(actor), note=note)

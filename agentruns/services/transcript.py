@@ -1,0 +1,118 @@
+"""Rebuilding a run's dialogue and loop state from what is stored (RUNS.md §2.3, issue #3 §6).
+
+The event stream is the transcript: every ``llm`` event becomes an assistant message and every
+``tool`` event a tool message, in sequence order. A continuing segment in any process therefore
+sends the provider exactly what an uninterrupted segment would have sent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agentruns.models import AgentRun, AgentRunEvent, EventKind
+
+
+class NotRehydratable(Exception):
+    """The stored state of a run cannot be turned back into a dialogue and a loop state."""
+
+
+DENIED_MESSAGE = "denied by an operator: this call was not executed"
+
+
+def system_prompt_for(run: AgentRun) -> str:
+    request = run.request if isinstance(run.request, dict) else {}
+    override = request.get("system_prompt")
+    if isinstance(override, str) and override:
+        return override
+    return run.configuration.system_prompt
+
+
+def opening_messages(run: AgentRun) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    system = system_prompt_for(run)
+    if system:
+        messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": run.prompt})
+    return messages
+
+
+def message_for_event(kind: str, payload: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The dialogue message an event stands for, or ``None`` for bookkeeping events."""
+    if kind == EventKind.LLM:
+        message: dict[str, Any] = {"role": "assistant", "content": payload.get("content") or ""}
+        calls = payload.get("tool_calls") or []
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {
+                        "name": call["name"],
+                        "arguments": json.dumps(call.get("arguments", {}), sort_keys=True),
+                    },
+                }
+                for call in calls
+            ]
+        return message
+    if kind == EventKind.TOOL:
+        return {
+            "role": "tool",
+            "tool_call_id": payload["call_id"],
+            "content": payload["content"],
+        }
+    return None
+
+
+@dataclass
+class Rehydrated:
+    loop_state: dict[str, Any]
+    messages: list[dict[str, Any]]
+    next_sequence: int
+
+
+def check_loop_state(state: Any) -> dict[str, Any]:
+    """Validate the stored loop state's shape; raise ``NotRehydratable`` when it is corrupt."""
+    if not isinstance(state, dict):
+        raise NotRehydratable("loop_state is not an object")
+    if not isinstance(state.get("iteration", 0), int):
+        raise NotRehydratable("loop_state.iteration is not an integer")
+    turn = state.get("turn")
+    if turn is not None:
+        if not isinstance(turn, dict) or not isinstance(turn.get("calls"), list):
+            raise NotRehydratable("loop_state.turn is malformed")
+        for call in turn["calls"]:
+            if not isinstance(call, dict) or not isinstance(call.get("id"), str):
+                raise NotRehydratable("loop_state.turn has a malformed call")
+            if not isinstance(call.get("name"), str):
+                raise NotRehydratable("loop_state.turn has a call without a name")
+        if not isinstance(turn.get("done", []), list):
+            raise NotRehydratable("loop_state.turn.done is malformed")
+    decision = state.get("decision")
+    if decision is not None and not isinstance(decision, dict):
+        raise NotRehydratable("loop_state.decision is malformed")
+    return state
+
+
+def rehydrate(run: AgentRun, events: Iterable[AgentRunEvent] | None = None) -> Rehydrated:
+    """The loop state and the dialogue of ``run`` as its last step boundary left them."""
+    state = check_loop_state(run.loop_state if run.loop_state is not None else {})
+    if events is None:
+        events = run.events.order_by("sequence").only("sequence", "kind", "payload")
+    messages = opening_messages(run)
+    last = -1
+    for event in events:
+        if event.sequence != last + 1:
+            raise NotRehydratable(f"event sequence gap after {last}")
+        last = event.sequence
+        if not isinstance(event.payload, dict):
+            raise NotRehydratable(f"event {event.sequence} has a malformed payload")
+        try:
+            message = message_for_event(event.kind, event.payload)
+        except (KeyError, TypeError) as exc:
+            raise NotRehydratable(f"event {event.sequence} cannot be replayed: {exc}") from exc
+        if message is not None:
+            messages.append(message)
+    return Rehydrated(loop_state=dict(state), messages=messages, next_sequence=last + 1)

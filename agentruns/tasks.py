@@ -1,0 +1,11 @@
+"""django-q2 entry points. Each loads a uuid and calls one service."""
+
+from __future__ import annotations
+
+from agentruns.services import runs
+
+
+def process_run(run_uuid: str) -> str:
+    """Claim a queued run and continue it; a no-op when the claim finds nothing to do."""
+    result = runs.run_process_queued(run_uuid=run_uuid)
+    return "not claimed" if result is None else result.outcome
