@@ -1,39 +1,137 @@
-"""CONTRACT STUB — to be completed by the providers work. Keep these names and signatures."""
+"""The provider contract: one model turn in, one reply out, failures classified (RUNS.md §9).
+
+A provider is stateless between calls: everything it needs is in the arguments (the OpenAI chat
+``messages`` so far, the OpenAI-format ``tools`` and the run uuid). It never touches the
+database and never retries; retries are the runtime's, decided by ``ProviderError.retryable``.
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
 class ToolCall:
+    """One tool call the model asked for. ``arguments`` is always a dict (see ``UNPARSED_KEY``)."""
+
     id: str
     name: str
     arguments: dict[str, Any]
 
 
+#: When a model's arguments are not a JSON object, the call carries ``{UNPARSED_KEY: raw}`` so
+#: schema validation reports the problem back to the model instead of the provider failing.
+UNPARSED_KEY = "_unparsed_arguments"
+
+
 @dataclass(frozen=True)
 class ProviderReply:
+    """One assistant turn: text, tool calls (possibly both), token usage and the model name."""
+
     content: str
     tool_calls: list[ToolCall]
     usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, completion_tokens
     model: str = ""
 
+    def as_message(self) -> dict[str, Any]:
+        """The OpenAI chat ``assistant`` message for this reply, to append to the dialogue."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {
+                        "name": call.name,
+                        "arguments": json.dumps(call.arguments, sort_keys=True),
+                    },
+                }
+                for call in self.tool_calls
+            ]
+        return message
+
+
+class ErrorKind(StrEnum):
+    """Stable values of ``ProviderError.kind``."""
+
+    CONNECTION = "connection"  # retryable
+    TIMEOUT = "timeout"  # retryable
+    RATE_LIMITED = "rate_limited"  # retryable (429)
+    SERVER_ERROR = "server_error"  # retryable (5xx)
+    AUTH = "auth"  # 401/403, or the key's environment variable is unset
+    BAD_REQUEST = "bad_request"  # 400/404/422
+    BAD_RESPONSE = "bad_response"  # the endpoint answered something that is not a completion
+    CONFIGURATION = "configuration"  # unknown provider name and the like
+    SCRIPT_EXHAUSTED = "script_exhausted"  # the scripted provider ran out of turns
+    SCRIPT_INVALID = "script_invalid"  # the script is malformed
+    SCRIPTED = "scripted"  # a scripted ``"error"`` turn (retryable or not, as scripted)
+    UNKNOWN = "unknown"  # anything else: never retried
+
 
 class ProviderError(Exception):
-    """A provider call failed. ``retryable`` follows RUNS.md §9."""
+    """A provider call failed. ``retryable`` follows RUNS.md §9.
 
-    def __init__(self, message: str, *, kind: str, retryable: bool) -> None:
+    ``kind`` is one of ``ErrorKind`` (a plain ``str``); the message is safe to store and show
+    (it never contains an API key). ``status_code`` is the HTTP status when there was one.
+    """
+
+    def __init__(
+        self, message: str, *, kind: str, retryable: bool, status_code: int | None = None
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.retryable = retryable
+        self.status_code = status_code
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready description (for ``AgentRun.error`` and events)."""
+        data: dict[str, Any] = {
+            "kind": str(self.kind),
+            "retryable": self.retryable,
+            "message": str(self),
+        }
+        if self.status_code is not None:
+            data["status_code"] = self.status_code
+        return data
 
 
 class Provider(Protocol):
     def complete(
         self, *, messages: list[dict[str, Any]], tools: list[dict[str, Any]], run_uuid: str
-    ) -> ProviderReply: ...
+    ) -> ProviderReply:
+        """Answer one turn. ``messages`` are OpenAI chat messages, ``tools`` OpenAI tool specs.
+
+        Raises ``ProviderError`` (and nothing else) on failure. Does not mutate its arguments.
+        """
+        ...
 
 
-def provider_for(configuration: Any, request: dict[str, Any]) -> Provider: ...
+def provider_for(configuration: Any, request: dict[str, Any]) -> Provider:
+    """The provider for ``configuration.provider`` (``scripted`` | ``openai``).
+
+    ``scripted`` plays ``request["script"]`` when the request carries a non-empty one, else
+    ``configuration.script``. ``openai`` reads its key from the environment at call time, so
+    building a provider never fails for a missing key; the first ``complete`` does.
+    Raises ``ProviderError`` (``configuration``, not retryable) for an unknown provider name.
+    """
+    name = str(getattr(configuration, "provider", "") or "")
+    model = str(getattr(configuration, "model", "") or "")
+    if name == "scripted":
+        from agentruns.providers.scripted import ScriptedProvider
+
+        script = (request or {}).get("script")
+        if script is None or script == []:
+            script = getattr(configuration, "script", None)
+        return ScriptedProvider(script=script if script is not None else [], model=model)
+    if name == "openai":
+        from agentruns.providers.openai_compat import OpenAIProvider
+
+        return OpenAIProvider.from_configuration(configuration)
+    raise ProviderError(
+        f"Unknown provider {name!r} (expected 'scripted' or 'openai').",
+        kind=ErrorKind.CONFIGURATION,
+        retryable=False,
+    )

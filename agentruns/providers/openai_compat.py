@@ -1,0 +1,226 @@
+"""The ``openai`` provider: any OpenAI-compatible chat-completions endpoint, via the ``openai`` SDK.
+
+The API key is read at call time from the environment variable the configuration names
+(``api_key_env``); it is never stored, logged or put in an error message. The SDK's own retries
+are off (``max_retries=0``): every failure becomes a ``ProviderError`` classified per RUNS.md §9
+and the runtime decides whether to retry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from typing import Any
+
+import openai
+
+from agentruns.providers.base import (
+    UNPARSED_KEY,
+    ErrorKind,
+    ProviderError,
+    ProviderReply,
+    ToolCall,
+)
+
+_MAX_MESSAGE = 500
+_SDK_STATUS_PREFIX = re.compile(r"^Error code: \d+(\s+-\s+)?")
+_SECRET_PATTERNS = (
+    re.compile(r"(?i)(bearer\s+)\S+"),
+    re.compile(r"\bsk-[A-Za-z0-9_\-*.]{4,}"),
+)
+
+
+def _sanitise(text: str, secret: str | None) -> str:
+    """``text`` without the key (or anything shaped like one), cut to a storable length."""
+    if secret:
+        text = text.replace(secret, "[redacted]")
+    text = _SECRET_PATTERNS[0].sub(r"\1[redacted]", text)
+    text = _SECRET_PATTERNS[1].sub("sk-[redacted]", text)
+    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 1] + "…"
+
+
+def _status_kind(status: int) -> tuple[str, bool]:
+    if status == 429:
+        return ErrorKind.RATE_LIMITED, True
+    if status == 408:
+        return ErrorKind.TIMEOUT, True
+    if status >= 500:
+        return ErrorKind.SERVER_ERROR, True
+    if status in (401, 403):
+        return ErrorKind.AUTH, False
+    if status in (400, 404, 422):
+        return ErrorKind.BAD_REQUEST, False
+    return ErrorKind.UNKNOWN, False
+
+
+def classify(exc: BaseException, *, secret: str | None = None) -> ProviderError:
+    """Map an SDK (or any) exception to a ``ProviderError`` per RUNS.md §9.
+
+    Connection errors, timeouts, 408, 429 and 5xx are retryable; 401/403 (``auth``),
+    400/404/422 (``bad_request``) and everything else (``unknown``) are not.
+    """
+    if isinstance(exc, openai.APITimeoutError):
+        return ProviderError(
+            "The provider did not answer in time.", kind=ErrorKind.TIMEOUT, retryable=True
+        )
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__ or exc.__context__
+        detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+        return ProviderError(
+            _sanitise(f"Could not connect to the provider{detail}", secret),
+            kind=ErrorKind.CONNECTION,
+            retryable=True,
+        )
+    if isinstance(exc, openai.APIStatusError):
+        kind, retryable = _status_kind(exc.status_code)
+        detail = _SDK_STATUS_PREFIX.sub("", exc.message or "")
+        return ProviderError(
+            _sanitise(
+                f"The provider answered HTTP {exc.status_code}" + (f": {detail}" if detail else ""),
+                secret,
+            ),
+            kind=kind,
+            retryable=retryable,
+            status_code=exc.status_code,
+        )
+    if isinstance(exc, openai.APIResponseValidationError):
+        return ProviderError(
+            _sanitise(f"The provider's answer was not a valid completion: {exc}", secret),
+            kind=ErrorKind.BAD_RESPONSE,
+            retryable=False,
+        )
+    return ProviderError(
+        _sanitise(f"Provider call failed: {type(exc).__name__}: {exc}", secret),
+        kind=ErrorKind.UNKNOWN,
+        retryable=False,
+    )
+
+
+def parse_arguments(raw: Any) -> dict[str, Any]:
+    """A tool call's JSON arguments as a dict: empty → ``{}``; not a JSON object →
+    ``{UNPARSED_KEY: raw}`` so schema validation reports it to the model."""
+    if isinstance(raw, dict):
+        return raw
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except (TypeError, ValueError):
+        parsed = None
+    if isinstance(parsed, dict):
+        return parsed
+    return {UNPARSED_KEY: raw if isinstance(raw, str) else repr(raw)}
+
+
+def _tool_call(call: Any) -> ToolCall:
+    call_id = getattr(call, "id", None) or f"call_{uuid.uuid4().hex}"
+    function = getattr(call, "function", None)
+    if function is not None:
+        name, raw = getattr(function, "name", "") or "", getattr(function, "arguments", None)
+    else:  # a "custom" tool call: free-form input, no JSON arguments
+        custom = getattr(call, "custom", None)
+        name, raw = getattr(custom, "name", "") or "", getattr(custom, "input", None)
+    return ToolCall(id=str(call_id), name=str(name), arguments=parse_arguments(raw))
+
+
+def _usage(usage: Any) -> dict[str, int]:
+    counts = {
+        key: int(getattr(usage, key, 0) or 0)
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens")
+    }
+    if not counts["total_tokens"]:
+        counts["total_tokens"] = counts["prompt_tokens"] + counts["completion_tokens"]
+    return counts
+
+
+class OpenAIProvider:
+    """Chat completions against ``base_url`` (blank: the SDK default, ``OPENAI_BASE_URL`` or
+    api.openai.com) with the key from ``os.environ[api_key_env]``, read at each call."""
+
+    def __init__(
+        self, *, model: str, base_url: str = "", api_key_env: str = "", timeout_seconds: float = 30
+    ) -> None:
+        self.model = model
+        self.base_url = base_url
+        self.api_key_env = api_key_env
+        self.timeout_seconds = float(timeout_seconds)
+
+    @classmethod
+    def from_configuration(cls, configuration: Any) -> OpenAIProvider:
+        """Build from an ``AgentConfiguration`` (model, base_url, api_key_env, timeout_seconds)."""
+        return cls(
+            model=configuration.model,
+            base_url=configuration.base_url or "",
+            api_key_env=configuration.api_key_env or "",
+            timeout_seconds=configuration.timeout_seconds or 30,
+        )
+
+    def _api_key(self) -> str:
+        if not self.api_key_env:
+            raise ProviderError(
+                "The configuration names no API key environment variable (api_key_env is blank).",
+                kind=ErrorKind.AUTH,
+                retryable=False,
+            )
+        key = os.environ.get(self.api_key_env, "")
+        if not key:
+            raise ProviderError(
+                f"The environment variable {self.api_key_env} (api_key_env) is not set "
+                "or empty; it must hold the provider's API key.",
+                kind=ErrorKind.AUTH,
+                retryable=False,
+            )
+        return key
+
+    def complete(
+        self, *, messages: list[dict[str, Any]], tools: list[dict[str, Any]], run_uuid: str
+    ) -> ProviderReply:
+        """One ``chat.completions.create`` call (``tools`` omitted when empty), no SDK retries,
+        timeout ``timeout_seconds``. Raises ``ProviderError`` only, classified by ``classify``;
+        a missing key is ``auth`` (not retryable) before any request is sent."""
+        key = self._api_key()
+        if not self.model:
+            raise ProviderError(
+                "The configuration names no model.", kind=ErrorKind.CONFIGURATION, retryable=False
+            )
+        arguments: dict[str, Any] = {"model": self.model, "messages": messages}
+        if tools:
+            arguments["tools"] = tools
+        try:
+            with openai.OpenAI(
+                api_key=key,
+                base_url=self.base_url or None,
+                timeout=self.timeout_seconds,
+                max_retries=0,
+            ) as client:
+                completion = client.chat.completions.create(**arguments)
+        except ProviderError:
+            raise
+        except Exception as exc:
+            raise classify(exc, secret=key) from None
+        return self._reply(completion, secret=key)
+
+    def _reply(self, completion: Any, *, secret: str) -> ProviderReply:
+        choices = getattr(completion, "choices", None)
+        if not choices:
+            raise ProviderError(
+                _sanitise(f"The provider answered without choices: {completion!r:.200}", secret),
+                kind=ErrorKind.BAD_RESPONSE,
+                retryable=False,
+            )
+        try:
+            message = choices[0].message
+            return ProviderReply(
+                content=message.content or "",
+                tool_calls=[_tool_call(call) for call in (message.tool_calls or [])],
+                usage=_usage(getattr(completion, "usage", None)),
+                model=getattr(completion, "model", None) or self.model,
+            )
+        except Exception as exc:  # a completion-shaped answer with the wrong insides
+            raise ProviderError(
+                _sanitise(f"The provider's answer was not a valid completion: {exc}", secret),
+                kind=ErrorKind.BAD_RESPONSE,
+                retryable=False,
+            ) from None

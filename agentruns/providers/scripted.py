@@ -1,0 +1,186 @@
+"""The ``scripted`` provider: plays a fixed list of turns (RUNS.md §11), for tests and demos.
+
+A script is a list of turns, each a dict with at least one of
+
+- ``"content": str`` — the assistant's text;
+- ``"tool_calls": [{"name": str, "arguments": {...}}, ...]`` — calls (``arguments`` optional);
+- ``"error": "retryable" | "fatal"`` — raise a ``ProviderError`` of that class instead of
+  answering; with ``"times": N`` only the first N attempts at this turn for a run fail (counted
+  in this process's recordings), after which the turn's content/tool calls are played;
+
+and optionally ``"delay": seconds`` (sleep before answering or failing) and
+``"usage": {"prompt_tokens": int, "completion_tokens": int}``.
+
+Stateless across processes: the turn played is the number of ``assistant`` messages already in
+``messages``, so a run continued elsewhere plays the right turn. Tool call ids are
+``call_<turn index>_<call index>``. Every call is recorded (deep-copied messages) in
+``ScriptedProvider.recordings[run_uuid]``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+from typing import Any, ClassVar
+
+from agentruns.providers.base import ErrorKind, ProviderError, ProviderReply, ToolCall
+
+_TURN_KEYS = frozenset({"content", "tool_calls", "error", "times", "delay", "usage"})
+_CALL_KEYS = frozenset({"name", "arguments"})
+_ERROR_CLASSES = {"retryable": True, "fatal": False}
+
+
+def _invalid(message: str) -> ProviderError:
+    return ProviderError(
+        f"Malformed script: {message}", kind=ErrorKind.SCRIPT_INVALID, retryable=False
+    )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _validate_turn(index: int, turn: Any) -> None:
+    where = f"turn {index}"
+    if not isinstance(turn, dict):
+        raise _invalid(f"{where} must be an object, got {type(turn).__name__}.")
+    unknown = set(turn) - _TURN_KEYS
+    if unknown:
+        raise _invalid(
+            f"{where} has unknown keys {sorted(unknown)}; allowed: {sorted(_TURN_KEYS)}."
+        )
+    answers = "content" in turn or "tool_calls" in turn
+    if "error" in turn:
+        if turn["error"] not in _ERROR_CLASSES:
+            raise _invalid(f"{where}: 'error' must be 'retryable' or 'fatal'.")
+        if "times" in turn:
+            times = turn["times"]
+            if not isinstance(times, int) or isinstance(times, bool) or times < 1:
+                raise _invalid(f"{where}: 'times' must be a positive integer.")
+            if not answers:
+                raise _invalid(f"{where}: an error with 'times' needs 'content' or 'tool_calls'.")
+    elif "times" in turn:
+        raise _invalid(f"{where}: 'times' is only meaningful with 'error'.")
+    elif not answers:
+        raise _invalid(f"{where} needs 'content', 'tool_calls' or 'error'.")
+    if "content" in turn and not isinstance(turn["content"], str):
+        raise _invalid(f"{where}: 'content' must be a string.")
+    if "tool_calls" in turn:
+        calls = turn["tool_calls"]
+        if not isinstance(calls, list) or not calls:
+            raise _invalid(f"{where}: 'tool_calls' must be a non-empty list.")
+        for position, call in enumerate(calls):
+            call_where = f"{where}, call {position}"
+            if not isinstance(call, dict):
+                raise _invalid(f"{call_where} must be an object.")
+            if set(call) - _CALL_KEYS:
+                raise _invalid(f"{call_where} has unknown keys {sorted(set(call) - _CALL_KEYS)}.")
+            if not isinstance(call.get("name"), str) or not call["name"]:
+                raise _invalid(f"{call_where} needs a non-empty string 'name'.")
+            if not isinstance(call.get("arguments", {}), dict):
+                raise _invalid(f"{call_where}: 'arguments' must be an object.")
+    if "delay" in turn and (not _is_number(turn["delay"]) or turn["delay"] < 0):
+        raise _invalid(f"{where}: 'delay' must be a non-negative number of seconds.")
+    if "usage" in turn:
+        usage = turn["usage"]
+        if not isinstance(usage, dict) or not all(
+            isinstance(key, str) and isinstance(value, int) and not isinstance(value, bool)
+            for key, value in usage.items()
+        ):
+            raise _invalid(f"{where}: 'usage' must map token counter names to integers.")
+
+
+def validate_script(script: Any) -> list[dict[str, Any]]:
+    """Return ``script`` if it is a well-formed list of turns; else raise ``ProviderError``
+    (``script_invalid``, not retryable) naming the first problem."""
+    if not isinstance(script, list):
+        raise _invalid(f"the script must be a list of turns, got {type(script).__name__}.")
+    for index, turn in enumerate(script):
+        _validate_turn(index, turn)
+    return script
+
+
+def _assistant_count(messages: list[dict[str, Any]]) -> int:
+    return sum(1 for message in messages if message.get("role") == "assistant")
+
+
+def _estimate_tokens(value: Any) -> int:
+    return max(1, len(json.dumps(value, sort_keys=True, default=str)) // 4)
+
+
+class ScriptedProvider:
+    """Plays a script; see the module docstring for the turn format and the recording."""
+
+    recordings: ClassVar[dict[str, list[list[dict[str, Any]]]]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, *, script: Any, model: str = "") -> None:
+        self.script = script
+        self.model = model or "scripted"
+
+    @classmethod
+    def clear_recordings(cls, run_uuid: str | None = None) -> None:
+        """Forget what was sent: for one run, or for every run when ``run_uuid`` is None."""
+        with cls._lock:
+            if run_uuid is None:
+                cls.recordings.clear()
+            else:
+                cls.recordings.pop(str(run_uuid), None)
+
+    @classmethod
+    def recorded(cls, run_uuid: str) -> list[list[dict[str, Any]]]:
+        """A deep copy of the message lists sent for ``run_uuid``, one per call, in order."""
+        with cls._lock:
+            return copy.deepcopy(cls.recordings.get(str(run_uuid), []))
+
+    def _record(self, run_uuid: str, messages: list[dict[str, Any]], index: int) -> int:
+        """Record the call; return how many calls this process has seen at turn ``index``."""
+        snapshot = copy.deepcopy(messages)
+        with self._lock:
+            calls = self.recordings.setdefault(str(run_uuid), [])
+            calls.append(snapshot)
+            return sum(1 for sent in calls if _assistant_count(sent) == index)
+
+    def complete(
+        self, *, messages: list[dict[str, Any]], tools: list[dict[str, Any]], run_uuid: str
+    ) -> ProviderReply:
+        """Play turn ``len(assistant messages)``; raise ``ProviderError`` for a malformed script
+        (``script_invalid``), no turn left (``script_exhausted``) or a scripted ``error`` turn
+        (``scripted``, retryable as scripted). Each call is recorded before anything else."""
+        index = _assistant_count(messages)
+        attempt = self._record(run_uuid, messages, index)
+        script = validate_script(self.script)
+        if index >= len(script):
+            raise ProviderError(
+                f"The script has {len(script)} turn(s) and turn {index} was requested.",
+                kind=ErrorKind.SCRIPT_EXHAUSTED,
+                retryable=False,
+            )
+        turn = script[index]
+        if turn.get("delay"):
+            time.sleep(float(turn["delay"]))
+        if "error" in turn and ("times" not in turn or attempt <= turn["times"]):
+            raise ProviderError(
+                f"Scripted {turn['error']} failure at turn {index} (attempt {attempt}).",
+                kind=ErrorKind.SCRIPTED,
+                retryable=_ERROR_CLASSES[turn["error"]],
+            )
+        calls = [
+            ToolCall(
+                id=f"call_{index}_{position}",
+                name=call["name"],
+                arguments=copy.deepcopy(call.get("arguments", {})),
+            )
+            for position, call in enumerate(turn.get("tool_calls", []))
+        ]
+        content = turn.get("content", "")
+        usage = dict(turn.get("usage", {}))
+        usage.setdefault("prompt_tokens", _estimate_tokens(messages))
+        usage.setdefault(
+            "completion_tokens",
+            _estimate_tokens({"content": content, "tool_calls": turn.get("tool_calls", [])}),
+        )
+        usage.setdefault("total_tokens", usage["prompt_tokens"] + usage["completion_tokens"])
+        return ProviderReply(content=content, tool_calls=calls, usage=usage, model=self.model)

@@ -1,0 +1,205 @@
+"""A real local HTTP server speaking the chat-completions protocol, for provider tests.
+
+``ChatServer`` listens on 127.0.0.1 (an ephemeral port) in a background thread and answers
+``POST <anything>/chat/completions`` from a FIFO queue of scripted responses, recording every
+request (path, lower-cased headers, JSON body). An empty queue answers 400 (not retryable) so a
+test that under-scripts fails fast. Use the ``chat_server`` fixture; ``server.base_url`` is the
+``base_url`` for an ``AgentConfiguration``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+
+@dataclass(frozen=True)
+class ScriptedResponse:
+    """What the server answers to one request: a status, a JSON (or raw text) body, a delay."""
+
+    status: int = 200
+    body: Any = None
+    delay: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+def completion(
+    *,
+    content: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    model: str = "test-model",
+    usage: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """A chat-completion body. Each tool call: ``{"name", "arguments"}`` (a dict is JSON-encoded,
+    a string is sent as is) and optionally ``"id"`` (default ``call_<n>``)."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": call.get("id", f"call_{position}"),
+                "type": "function",
+                "function": {
+                    "name": call["name"],
+                    "arguments": call["arguments"]
+                    if isinstance(call.get("arguments"), str)
+                    else json.dumps(call.get("arguments", {})),
+                },
+            }
+            for position, call in enumerate(tool_calls)
+        ]
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if tool_calls else "stop",
+            }
+        ],
+        "usage": usage or {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+    }
+
+
+def error_body(message: str, *, type_: str = "server_error") -> dict[str, Any]:
+    """An OpenAI-style error body."""
+    return {"error": {"message": message, "type": type_, "code": None}}
+
+
+def unused_port() -> int:
+    """A localhost port nothing listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ChatServer:
+    """A threaded chat-completions server; ``start()``/``stop()`` or use as a context manager."""
+
+    def __init__(self) -> None:
+        self.requests: list[RecordedRequest] = []
+        self._responses: deque[ScriptedResponse] = deque()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- scripting -------------------------------------------------------------------------
+    def enqueue(self, *responses: ScriptedResponse) -> None:
+        with self._lock:
+            self._responses.extend(responses)
+
+    def reply(self, *, delay: float = 0.0, **completion_fields: Any) -> None:
+        """Queue a 200 completion (arguments as for ``completion``)."""
+        self.enqueue(ScriptedResponse(body=completion(**completion_fields), delay=delay))
+
+    def fail(self, status: int, message: str = "scripted failure") -> None:
+        """Queue an error status with an OpenAI-style error body."""
+        self.enqueue(ScriptedResponse(status=status, body=error_body(message)))
+
+    @property
+    def base_url(self) -> str:
+        assert self._httpd is not None, "server not started"
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> ChatServer:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                server._handle(self)
+
+            def do_GET(self) -> None:
+                server._handle(self)
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="chat-server",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> ChatServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- serving ---------------------------------------------------------------------------
+    def _handle(self, handler: BaseHTTPRequestHandler) -> None:
+        length = int(handler.headers.get("Content-Length") or 0)
+        raw = handler.rfile.read(length) if length else b""
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode("utf-8", "replace")
+        headers = {key.lower(): value for key, value in handler.headers.items()}
+        with self._lock:
+            self.requests.append(RecordedRequest(handler.command, handler.path, headers, body))
+            if handler.command != "POST" or not handler.path.endswith("/chat/completions"):
+                response = ScriptedResponse(status=404, body=error_body("no such endpoint"))
+            elif self._responses:
+                response = self._responses.popleft()
+            else:
+                response = ScriptedResponse(
+                    status=400, body=error_body("chat server: no scripted response left")
+                )
+        if response.delay and self._stopping.wait(response.delay):
+            return
+        payload = (
+            response.body.encode()
+            if isinstance(response.body, str)
+            else json.dumps(response.body).encode()
+        )
+        try:
+            handler.send_response(response.status)
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Length", str(len(payload)))
+            for name, value in response.headers.items():
+                handler.send_header(name, value)
+            handler.end_headers()
+            handler.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (a timeout test)
+
+
+@pytest.fixture
+def chat_server() -> Iterator[ChatServer]:
+    """A started ``ChatServer``, stopped after the test."""
+    with ChatServer() as server:
+        yield server
