@@ -31,7 +31,7 @@ from agentruns.models import (
     Status,
     TerminationReason,
 )
-from agentruns.providers.base import ProviderError, ProviderReply, provider_for
+from agentruns.providers.base import ProviderError, ProviderReply, ToolCall, provider_for
 from agentruns.services.ticker import LeaseTicker
 from agentruns.services.transcript import (
     DENIED_MESSAGE,
@@ -486,7 +486,7 @@ class RunSegment:
         usage = self.state.setdefault("usage", {"prompt_tokens": 0, "completion_tokens": 0})
         usage["prompt_tokens"] += int(reply.usage.get("prompt_tokens", 0) or 0)
         usage["completion_tokens"] += int(reply.usage.get("completion_tokens", 0) or 0)
-        calls = [] if final else reply.tool_calls
+        calls = [] if final else self._unique_ids(reply.tool_calls)
         if not final and calls:
             self.state["turn"] = {
                 "calls": [
@@ -521,6 +521,19 @@ class RunSegment:
             ]
         )
         return reply
+
+    def _unique_ids(self, calls: list[ToolCall]) -> list[ToolCall]:
+        """Call ids made unique within the run: they key idempotency and turn digests, and some
+        OpenAI-compatible servers reuse ids such as ``call_0`` on every turn."""
+        seen = {call["id"] for message in self.messages for call in message.get("tool_calls", [])}
+        unique = []
+        for call in calls:
+            call_id = call.id or f"call_{self.state.get('iteration', 0)}_{len(unique)}"
+            while call_id in seen:
+                call_id = f"{call_id}~{self.state.get('iteration', 0)}"
+            seen.add(call_id)
+            unique.append(ToolCall(id=call_id, name=call.name, arguments=call.arguments))
+        return unique
 
     def _provider_failed(self, exc: ProviderError) -> None:
         error = {"type": f"ProviderError:{exc.kind}", "message": str(exc)[:500]}
