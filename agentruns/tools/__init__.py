@@ -8,10 +8,25 @@ here stamps or checks a lease.
 from agentruns.tools.registry import (
     Tool,
     ToolContext,
+    ToolDefinitionError,
+    ToolRegistry,
     ToolResult,
     invoke_tool,
+    overlay_input,
     registry,
     tool,
+    validate_input,
 )
 
-__all__ = ["Tool", "ToolContext", "ToolResult", "invoke_tool", "registry", "tool"]
+__all__ = [
+    "Tool",
+    "ToolContext",
+    "ToolDefinitionError",
+    "ToolRegistry",
+    "ToolResult",
+    "invoke_tool",
+    "overlay_input",
+    "registry",
+    "tool",
+    "validate_input",
+]

@@ -1,0 +1,309 @@
+"""Sample tools for the playground: notes, a webhook, a wait and a question to a human.
+
+Owns only the tool bodies and their declarations; ``PlaygroundConfig.ready()`` registers
+``TOOLS``. Tools never check leases or approvals (the runtime does that before calling them)
+and ``agentruns`` must never import this module.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.utils import timezone
+
+from agentruns import conf
+from agentruns.models import Effect
+from agentruns.tools import Tool, ToolContext, tool
+from playground.models import Note
+
+LIST_LIMIT = 100
+WEBHOOK_BODY_CHARS = 2000
+WAIT_MAX_SECONDS = 3600
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class NoteNotFound(LookupError):
+    """No note with that id."""
+
+
+class WebhookRefused(PermissionError):
+    """The webhook URL is not allowed; nothing was sent."""
+
+
+def _note_as_dict(note: Note) -> dict[str, Any]:
+    return {
+        "id": note.pk,
+        "title": note.title,
+        "body": note.body,
+        "created_at": note.created_at.isoformat(),
+        "updated_at": note.updated_at.isoformat(),
+    }
+
+
+def _get_note(note_id: int) -> Note:
+    try:
+        return Note.objects.get(pk=note_id)
+    except Note.DoesNotExist:
+        raise NoteNotFound(f"note {note_id} does not exist") from None
+
+
+_ID = {"type": "integer", "minimum": 1, "description": "The note's id (from list_notes)."}
+_TITLE = {"type": "string", "minLength": 1, "maxLength": 200}
+
+
+@tool(
+    name="list_notes",
+    description=(
+        f"List notes (id and title), oldest first, at most {LIST_LIMIT}. "
+        "Use read_note to see a note's body."
+    ),
+    effect=Effect.READ,
+    parameters={"type": "object", "properties": {}, "additionalProperties": False},
+)
+def list_notes(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Read-only. ``truncated`` says whether more notes exist than were listed."""
+    notes = list(Note.objects.order_by("id").values("id", "title")[: LIST_LIMIT + 1])
+    return {"notes": notes[:LIST_LIMIT], "truncated": len(notes) > LIST_LIMIT}
+
+
+@tool(
+    name="read_note",
+    description="Read one note: its title, body and timestamps.",
+    effect=Effect.READ,
+    parameters={
+        "type": "object",
+        "properties": {"id": _ID},
+        "required": ["id"],
+        "additionalProperties": False,
+    },
+)
+def read_note(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Read-only. A missing note raises ``NoteNotFound``."""
+    return _note_as_dict(_get_note(arguments["id"]))
+
+
+@tool(
+    name="update_note",
+    description=(
+        "Set the title and/or body of an existing note (give at least one). Sets exactly the "
+        "given fields, so repeating the same call changes nothing more."
+    ),
+    effect=Effect.IDEMPOTENT_WRITE,
+    parameters={
+        "type": "object",
+        "properties": {
+            "id": _ID,
+            "title": {**_TITLE, "description": "The new title."},
+            "body": {"type": "string", "description": "The new body (replaces it)."},
+        },
+        "required": ["id"],
+        "additionalProperties": False,
+    },
+)
+def update_note(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Idempotent write: one guarded ``UPDATE`` of the given fields; 0 rows → ``NoteNotFound``."""
+    fields = {key: arguments[key] for key in ("title", "body") if key in arguments}
+    if not fields:
+        raise ValueError("give title, body or both")
+    updated = Note.objects.filter(pk=arguments["id"]).update(**fields, updated_at=timezone.now())
+    if updated == 0:
+        raise NoteNotFound(f"note {arguments['id']} does not exist")
+    return _note_as_dict(_get_note(arguments["id"]))
+
+
+@tool(
+    name="create_note",
+    description="Create a new note. Each call creates another note, even with the same text.",
+    effect=Effect.NON_IDEMPOTENT_WRITE,
+    parameters={
+        "type": "object",
+        "properties": {
+            "title": {**_TITLE, "description": "The note's title."},
+            "body": {"type": "string", "description": "The note's text (may be empty)."},
+        },
+        "required": ["title", "body"],
+        "additionalProperties": False,
+    },
+)
+def create_note(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Non-idempotent write: inserts one note and returns it."""
+    note = Note.objects.create(title=arguments["title"], body=arguments["body"])
+    return _note_as_dict(note)
+
+
+def _allowlist_key(host: str, port: int | None) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return shown if port is None else f"{shown}:{port}"
+
+
+def webhook_target(url: str, allowlist: list[str]) -> str:
+    """The ``host`` or ``host:port`` that ``url`` would reach, if ``allowlist`` allows it.
+
+    Raises ``WebhookRefused`` otherwise: a scheme other than http/https, userinfo
+    (``user@host``), no host, a bad port, whitespace/control characters or backslashes, or a
+    host not allowed. An entry ``host`` allows that host on the scheme's default port only; an
+    entry ``host:port`` allows exactly that port (IPv6 as ``[::1]:8080``). Case-insensitive.
+    """
+    if not isinstance(url, str) or any(c.isspace() or ord(c) < 32 or c == "\\" for c in url):
+        raise WebhookRefused("the URL contains whitespace, control characters or backslashes")
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS:
+        raise WebhookRefused(f"only http and https URLs are allowed, not {scheme or 'none'!r}")
+    if "@" in parts.netloc or parts.username is not None or parts.password is not None:
+        raise WebhookRefused("URLs with user information (user@host) are not allowed")
+    host = (parts.hostname or "").lower()
+    if not host:
+        raise WebhookRefused("the URL has no host")
+    try:
+        port = parts.port
+    except ValueError:
+        raise WebhookRefused("the URL has an invalid port") from None
+    allowed = {entry.strip().lower() for entry in allowlist if entry.strip()}
+    explicit = _allowlist_key(host, port if port is not None else DEFAULT_PORTS[scheme])
+    bare = _allowlist_key(host, None)
+    if explicit in allowed:
+        return explicit
+    if bare in allowed and port in (None, DEFAULT_PORTS[scheme]):
+        return bare
+    raise WebhookRefused(f"host {explicit!r} is not in AGENTRUNS['WEBHOOK_ALLOWLIST']; not sent")
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Never follow a redirect: the 3xx answer is returned as the result instead."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    # No proxies from the environment: the allowlist names where the bytes go.
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _RefuseRedirects())
+
+
+@tool(
+    name="call_webhook",
+    description=(
+        "POST a JSON payload to a webhook URL. Only hosts an operator allow-listed are reachable; "
+        "any other URL is refused without sending. Redirects are not followed. Returns the HTTP "
+        "status and the start of the response body. Each call sends another request."
+    ),
+    effect=Effect.NON_IDEMPOTENT_WRITE,
+    parameters={
+        "type": "object",
+        "properties": {
+            "url": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 2048,
+                "description": "An http(s) URL on an allow-listed host.",
+            },
+            "payload": {"type": "object", "description": "The JSON object to send."},
+        },
+        "required": ["url", "payload"],
+        "additionalProperties": False,
+    },
+)
+def call_webhook(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Non-idempotent write. Checks the URL against ``WEBHOOK_ALLOWLIST`` (read now) before any
+    connection; sends ``Idempotency-Key`` and ``X-Fencing-Token``; times out after
+    ``context.timeout_seconds``. An HTTP error status is a result, not a failure."""
+    url = arguments["url"]
+    webhook_target(url, list(conf.get("WEBHOOK_ALLOWLIST")))
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(arguments["payload"]).encode("utf-8"),
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Idempotency-Key": context.idempotency_key,
+            "X-Fencing-Token": str(context.fencing_token),
+        },
+    )
+    try:
+        response = _opener().open(request, timeout=context.timeout_seconds)
+    except urllib.error.HTTPError as exc:  # 4xx, 5xx and refused redirects
+        response = exc
+    with response:
+        raw = response.read(WEBHOOK_BODY_CHARS * 4 + 1)
+        status = response.status if hasattr(response, "status") else response.code
+    text = raw.decode("utf-8", errors="replace")
+    truncated = len(raw) > WEBHOOK_BODY_CHARS * 4 or len(text) > WEBHOOK_BODY_CHARS
+    return {"status": status, "body": text[:WEBHOOK_BODY_CHARS], "truncated": truncated}
+
+
+@tool(
+    name="wait",
+    description=(
+        "Pause for a number of seconds (capped by the tool timeout). Returns how long it waited."
+    ),
+    effect=Effect.READ,
+    parameters={
+        "type": "object",
+        "properties": {
+            "seconds": {"type": "number", "minimum": 0, "maximum": WAIT_MAX_SECONDS},
+        },
+        "required": ["seconds"],
+        "additionalProperties": False,
+    },
+)
+def wait(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Sleeps ``min(seconds, context.timeout_seconds)`` and returns that duration."""
+    requested = float(arguments["seconds"])
+    seconds = max(0.0, min(requested, float(context.timeout_seconds)))
+    time.sleep(seconds)
+    return {"waited_seconds": seconds, "requested_seconds": requested}
+
+
+@tool(
+    name="ask_human",
+    description=(
+        "Ask a human operator a question and wait for the answer. Give only the question; "
+        "the operator supplies the answer and a priority."
+    ),
+    effect=Effect.READ,
+    parameters={
+        "type": "object",
+        "properties": {
+            "question": {"type": "string", "minLength": 1, "maxLength": 2000},
+            "answer": {"type": "string", "description": "Filled in by the human; leave it out."},
+            "priority": {"type": "integer", "description": "Filled in by the human; leave out."},
+        },
+        "required": ["question"],
+        "additionalProperties": False,
+    },
+    input_schema={
+        "type": "object",
+        "properties": {
+            "answer": {"type": "string", "minLength": 1, "title": "Answer"},
+            "priority": {"type": "integer", "minimum": 0, "title": "Priority"},
+        },
+        "required": ["answer"],
+        "additionalProperties": False,
+    },
+)
+def ask_human(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Read. Runs after the human's values were overlaid; no answer → ``ValueError``."""
+    if "answer" not in arguments:
+        raise ValueError("no answer was supplied by a human")
+    return {
+        "question": arguments["question"],
+        "answer": arguments["answer"],
+        "priority": arguments.get("priority"),
+    }
+
+
+TOOLS: tuple[Tool, ...] = (
+    list_notes,
+    read_note,
+    update_note,
+    create_note,
+    call_webhook,
+    wait,
+    ask_human,
+)

@@ -1,0 +1,265 @@
+"""The playground's sample tools, run through ``invoke_tool`` against the database."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from agentruns.models import Effect
+from agentruns.tools import ToolContext, invoke_tool, overlay_input, registry, validate_input
+from playground import tools
+from playground.models import Note
+from tests.support.http_recorder import HTTPRecorder
+
+pytestmark = pytest.mark.django_db
+
+
+def context(timeout: float = 2.0) -> ToolContext:
+    return ToolContext(
+        run_uuid=uuid.UUID("00000000-0000-0000-0000-0000000000aa"),
+        call_id="call-7",
+        initiator_id=None,
+        fencing_token=5,
+        timeout_seconds=timeout,
+    )
+
+
+def call(name: str, arguments: Any, timeout: float = 2.0) -> Any:
+    return invoke_tool(registry.get(name), arguments, context(timeout))
+
+
+def allowlist(*entries: str) -> override_settings:
+    return override_settings(AGENTRUNS={**settings.AGENTRUNS, "WEBHOOK_ALLOWLIST": list(entries)})
+
+
+def test_effects_and_schemas_are_declared() -> None:
+    expected = {
+        "list_notes": Effect.READ,
+        "read_note": Effect.READ,
+        "update_note": Effect.IDEMPOTENT_WRITE,
+        "create_note": Effect.NON_IDEMPOTENT_WRITE,
+        "call_webhook": Effect.NON_IDEMPOTENT_WRITE,
+        "wait": Effect.READ,
+        "ask_human": Effect.READ,
+    }
+    for name, effect in expected.items():
+        defined = registry.get(name)
+        assert defined is not None and defined.effect == effect, name
+        assert defined.parameters["additionalProperties"] is False
+        assert defined.description
+    assert [t.name for t in registry.all() if t.input_schema is not None] == ["ask_human"]
+
+
+# --- notes ------------------------------------------------------------------------------------
+
+
+def test_list_and_read_notes() -> None:
+    first = Note.objects.create(title="one", body="first body")
+    Note.objects.create(title="two")
+    listed = call("list_notes", {})
+    assert listed.ok
+    assert listed.content == {
+        "notes": [{"id": first.pk, "title": "one"}, {"id": first.pk + 1, "title": "two"}],
+        "truncated": False,
+    }
+    read = call("read_note", {"id": first.pk})
+    assert read.ok
+    assert (read.content["title"], read.content["body"]) == ("one", "first body")
+
+
+def test_read_missing_note_is_an_error_result() -> None:
+    result = call("read_note", {"id": 999})
+    assert result.ok is False
+    assert result.error == "NoteNotFound: note 999 does not exist"
+
+
+def test_create_note_creates_one_per_call() -> None:
+    for _ in range(2):
+        result = call("create_note", {"title": "t", "body": "b"})
+        assert result.ok
+    assert list(Note.objects.values_list("title", "body")) == [("t", "b"), ("t", "b")]
+    assert result.content["id"] == Note.objects.last().pk
+
+
+def test_create_note_refuses_bad_arguments_without_writing() -> None:
+    result = call("create_note", {"title": "t"})
+    assert result.ok is False and "'body' is a required property" in result.error
+    assert Note.objects.count() == 0
+
+
+def test_update_note_sets_only_the_given_fields_and_converges() -> None:
+    note = Note.objects.create(title="old", body="keep")
+    for _ in range(2):
+        result = call("update_note", {"id": note.pk, "title": "new"})
+        assert result.ok
+        assert (result.content["title"], result.content["body"]) == ("new", "keep")
+    note.refresh_from_db()
+    assert (note.title, note.body) == ("new", "keep")
+    assert call("update_note", {"id": note.pk, "body": ""}).ok
+    note.refresh_from_db()
+    assert (note.title, note.body) == ("new", "")
+
+
+def test_update_missing_note_is_an_error_result() -> None:
+    result = call("update_note", {"id": 12345, "title": "x"})
+    assert result.ok is False
+    assert result.error == "NoteNotFound: note 12345 does not exist"
+    assert Note.objects.count() == 0
+
+
+def test_update_note_without_fields_is_an_error_result() -> None:
+    note = Note.objects.create(title="t")
+    result = call("update_note", {"id": note.pk})
+    assert result.ok is False and "title, body or both" in result.error
+
+
+# --- call_webhook -----------------------------------------------------------------------------
+
+
+def test_webhook_to_a_host_not_allowlisted_sends_nothing(http_recorder: HTTPRecorder) -> None:
+    with allowlist("example.com", f"127.0.0.1:{http_recorder.port + 1}"):
+        result = call("call_webhook", {"url": http_recorder.url("/hook"), "payload": {"a": 1}})
+    assert result.ok is False
+    assert result.error.startswith("WebhookRefused: ")
+    assert http_recorder.netloc in result.error
+    assert http_recorder.requests == []
+
+
+def test_webhook_with_an_empty_allowlist_sends_nothing(http_recorder: HTTPRecorder) -> None:
+    with allowlist():
+        result = call("call_webhook", {"url": http_recorder.url(), "payload": {}})
+    assert result.ok is False
+    assert http_recorder.requests == []
+
+
+def test_webhook_to_an_allowlisted_host_posts_once(http_recorder: HTTPRecorder) -> None:
+    with allowlist(http_recorder.netloc):
+        result = call(
+            "call_webhook", {"url": http_recorder.url("/hook?x=1"), "payload": {"a": [1, "é"]}}
+        )
+    assert result.ok, result.error
+    assert result.content == {"status": 200, "body": '{"received": true}', "truncated": False}
+    [received] = http_recorder.requests
+    assert (received.method, received.path) == ("POST", "/hook?x=1")
+    assert json.loads(received.body) == {"a": [1, "é"]}
+    headers = {k.lower(): v for k, v in received.headers.items()}
+    assert headers["idempotency-key"] == "00000000-0000-0000-0000-0000000000aa:call-7"
+    assert headers["x-fencing-token"] == "5"
+    assert headers["content-type"] == "application/json"
+
+
+def test_webhook_returns_error_statuses_and_truncates_bodies(
+    http_recorder: HTTPRecorder,
+) -> None:
+    http_recorder.respond_with(500, b"x" * 5000)
+    with allowlist(http_recorder.netloc):
+        result = call("call_webhook", {"url": http_recorder.url(), "payload": {}})
+    assert result.ok
+    assert result.content["status"] == 500
+    assert result.content["body"] == "x" * tools.WEBHOOK_BODY_CHARS
+    assert result.content["truncated"] is True
+    assert len(http_recorder.requests) == 1
+
+
+def test_webhook_does_not_follow_redirects(http_recorder: HTTPRecorder) -> None:
+    target = HTTPRecorder().start()
+    try:
+        http_recorder.respond_with(307, b"", {"Location": target.url("/stolen")})
+        with allowlist(http_recorder.netloc, target.netloc):
+            result = call("call_webhook", {"url": http_recorder.url(), "payload": {"s": 1}})
+        assert result.ok
+        assert result.content["status"] == 307
+        assert len(http_recorder.requests) == 1
+        assert target.requests == []
+    finally:
+        target.stop()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://{netloc}/x",
+        "file:///etc/passwd",
+        "//{netloc}/x",
+        "{netloc}/x",
+        "http://user:pw@{netloc}/x",
+        "http://{netloc}@evil.example/x",
+        "http://evil.example#@{netloc}/x",
+        "http://evil.example\\@{netloc}/x",
+        "http:///x",
+        "http://{netloc}:99999/x",
+        "http://127.0.0.1/x",
+        "http://127.0.0.2:{port}/x",
+        "http:// {netloc}/x",
+    ],
+)
+def test_webhook_refuses_tricky_urls_without_sending(url: str, http_recorder: HTTPRecorder) -> None:
+    url = url.format(netloc=http_recorder.netloc, port=http_recorder.port)
+    with allowlist(http_recorder.netloc):
+        result = call("call_webhook", {"url": url, "payload": {}})
+    assert result.ok is False
+    assert http_recorder.requests == []
+
+
+@pytest.mark.parametrize(
+    ("url", "entries", "allowed"),
+    [
+        ("https://hooks.example.com/a", ["hooks.example.com"], True),
+        ("https://HOOKS.example.com:443/a", ["hooks.example.com"], True),
+        ("https://hooks.example.com:8443/a", ["hooks.example.com"], False),
+        ("https://hooks.example.com:8443/a", ["hooks.example.com:8443"], True),
+        ("http://hooks.example.com/a", ["hooks.example.com:80"], True),
+        ("http://[::1]:8080/a", ["[::1]:8080"], True),
+        ("http://[::1]:8080/a", ["::1"], False),
+        ("https://hooks.example.com.evil.io/a", ["hooks.example.com"], False),
+        ("https://evil.io/hooks.example.com", ["hooks.example.com"], False),
+    ],
+)
+def test_webhook_allowlist_matching(url: str, entries: list[str], allowed: bool) -> None:
+    if allowed:
+        tools.webhook_target(url, entries)
+    else:
+        with pytest.raises(tools.WebhookRefused):
+            tools.webhook_target(url, entries)
+
+
+# --- wait and ask_human -----------------------------------------------------------------------
+
+
+def test_wait_is_capped_by_the_timeout() -> None:
+    result = call("wait", {"seconds": 30}, timeout=0.05)
+    assert result.ok
+    assert result.content == {"waited_seconds": 0.05, "requested_seconds": 30.0}
+
+
+def test_wait_shorter_than_the_timeout() -> None:
+    result = call("wait", {"seconds": 0.01}, timeout=5)
+    assert result.content["waited_seconds"] == 0.01
+
+
+def test_wait_refuses_negative_seconds() -> None:
+    assert call("wait", {"seconds": -1}).ok is False
+
+
+def test_ask_human_returns_the_overlaid_values() -> None:
+    ask = registry.get("ask_human")
+    assert validate_input(ask, {"answer": "yes", "priority": 2}) == []
+    assert validate_input(ask, {"priority": 2}) != []
+    merged = overlay_input(ask, {"question": "Ship it?"}, {"answer": "yes", "priority": 2})
+    result = invoke_tool(ask, merged, context())
+    assert result.content == {"question": "Ship it?", "answer": "yes", "priority": 2}
+
+
+def test_ask_human_priority_is_optional_and_answer_is_not() -> None:
+    assert call("ask_human", {"question": "q", "answer": "a"}).content == {
+        "question": "q",
+        "answer": "a",
+        "priority": None,
+    }
+    unanswered = call("ask_human", {"question": "q"})
+    assert unanswered.ok is False and "no answer" in unanswered.error
