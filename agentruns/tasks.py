@@ -1,11 +1,16 @@
-"""django-q2 entry points. Each loads a uuid and calls one service."""
+"""django-q2 entry points. Each loads a uuid (or nothing) and calls one service."""
 
 from __future__ import annotations
 
-from agentruns.services import runs
+from agentruns.services import reaper, runs
 
 
 def process_run(run_uuid: str) -> str:
     """Claim a queued run and continue it; a no-op when the claim finds nothing to do."""
     result = runs.run_process_queued(run_uuid=run_uuid)
     return "not claimed" if result is None else result.outcome
+
+
+def reap_stale_runs() -> str:
+    """The scheduled reaper pass (``setup_schedules``); returns its summary line."""
+    return reaper.reap_stale_runs().summary()

@@ -568,6 +568,57 @@ def run_mark_in_doubt(
     return True
 
 
+@_state_write
+def run_settle_undispatched(
+    *, run_id: int, lease_epoch: int, error: Mapping[str, Any], segment: str, event: EventSpec
+) -> bool:
+    """Settle a run the reaper reclaimed but whose wake-up could not be sent: ``failed`` /
+    ``not_retryable``, never left ``queued`` with nothing to wake it (RUNS.md §7, rule 4).
+
+    Guard: ``queued``, unclaimed and still at ``lease_epoch`` (the epoch the reclaim left), so a
+    worker that claimed it meanwhile (a stale or duplicate task) keeps it. ``False``: skip.
+    """
+    with transaction.atomic():
+        settled = AgentRun.objects.filter(
+            pk=run_id, status=Status.QUEUED, claimed_by="", lease_epoch=lease_epoch
+        ).update(
+            status=Status.FAILED,
+            termination_reason=TerminationReason.NOT_RETRYABLE,
+            error=dict(error),
+            pending_turn=None,
+            finished_at=Now(),
+            updated_at=Now(),
+        )
+        if settled != 1:
+            return False
+        _insert_events(run_id, _next_sequence(run_id), segment, 0, [event])
+    return True
+
+
+@_state_write
+def run_mark_redispatched(
+    *, run_id: int, older_than_seconds: float, segment: str, event: EventSpec
+) -> bool:
+    """Note that the reaper is about to send a fresh wake-up to a queued run nobody claimed.
+
+    Guard: ``queued``, unclaimed and ``updated_at`` older than ``older_than_seconds`` on the
+    database clock (re-checked here, so of two reapers only one redispatches). Bumps
+    ``updated_at`` (the next redispatch waits a whole period) and appends ``event``. ``False``:
+    claimed, touched, cancelled or settled meanwhile — send nothing.
+    """
+    cutoff = ExpressionWrapper(
+        Now() - Value(timedelta(seconds=older_than_seconds)), output_field=DateTimeField()
+    )
+    with transaction.atomic():
+        touched = AgentRun.objects.filter(
+            pk=run_id, status=Status.QUEUED, claimed_by="", updated_at__lt=cutoff
+        ).update(updated_at=Now())
+        if touched != 1:
+            return False
+        _insert_events(run_id, _next_sequence(run_id), segment, 0, [event])
+    return True
+
+
 # --- Endings -------------------------------------------------------------------------------------
 
 

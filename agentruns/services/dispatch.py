@@ -31,7 +31,7 @@ def send_wakeup(run_uuid: str, *, delay_seconds: float = 0) -> None:
         func=TASK,
         args=repr(str(run_uuid)),
         schedule_type=Schedule.ONCE,
-        repeats=1,
+        repeats=-1,  # a ONCE schedule with negative repeats is deleted once it has run
         next_run=timezone.now() + timedelta(seconds=delay_seconds),
     )
 

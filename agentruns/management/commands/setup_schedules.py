@@ -1,0 +1,20 @@
+"""``manage.py setup_schedules``: create or update the reaper's django-q2 schedule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from agentruns.services.schedules import schedules_setup
+
+
+class Command(BaseCommand):
+    help = "Create or update Leasehold's django-q2 schedules (the reaper). Idempotent."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        for state in schedules_setup():
+            self.stdout.write(
+                f"{'created' if state.created else 'updated'} schedule {state.name!r}: "
+                f"{state.func} every {state.minutes} minute(s)"
+            )

@@ -1,0 +1,324 @@
+"""The stale-run reaper (RUNS.md §7): every run whose lease expired ends in a defined state.
+
+For each ``running`` run with ``lease_expires < Now()`` (database clock), oldest lease first,
+the first matching rule wins:
+
+1. ``fence`` — a ``non_idempotent_write`` was in flight → ``waiting_for_reconciliation``. Never
+   retried automatically, whatever the budget: the side effect may have landed.
+2. ``not_rehydratable`` — the stored state cannot be turned back into a dialogue → settle
+   ``failed`` / ``not_resumable``.
+3. ``budget`` — ``requeue_count >= MAX_REQUEUES`` → settle ``failed`` / ``retries_exhausted``.
+4. ``reclaim`` — back to ``queued`` (budget + 1) and, after commit, a wake-up; a worker continues
+   from the last step boundary. A wake-up that cannot be sent settles the run ``failed`` /
+   ``not_retryable`` instead of leaving it queued with nothing to wake it.
+
+Runs are taken in batches, each one transaction under ``SELECT … FOR UPDATE SKIP LOCKED`` (so two
+reapers never handle one run; on SQLite the IMMEDIATE transaction serialises them instead), and
+every state change is a guarded transition that re-checks staleness in its own ``UPDATE``: a
+holder that renewed its lease meanwhile keeps its run (verdict ``skipped``). Every verdict is a
+``reaper`` event. Then queued runs nobody claimed for ``REDISPATCH_SECONDS`` get a fresh wake-up.
+
+Owns no state of its own and never executes a run: it only settles or hands runs back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from django.db import transaction
+
+from agentruns import conf, selectors, transitions
+from agentruns.exceptions import StateWriteFailed
+from agentruns.identity import reaper_identity
+from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
+from agentruns.services import dispatch
+from agentruns.services.runs import reconciliation_turn
+from agentruns.services.transcript import NotRehydratable, rehydrate
+
+logger = logging.getLogger(__name__)
+
+#: Runs locked per transaction. Small enough that a pass never holds many row locks for long.
+BATCH_SIZE = 200
+#: At most this many unclaimed queued runs get a fresh wake-up per pass.
+REDISPATCH_LIMIT = 500
+
+
+class Rule:
+    FENCE = "fence"
+    NOT_REHYDRATABLE = "not_rehydratable"
+    BUDGET = "budget"
+    RECLAIM = "reclaim"
+
+
+class Verdict:
+    IN_DOUBT = "in_doubt"
+    DEAD_LETTERED = "dead_lettered"
+    REQUEUED = "requeued"
+    SKIPPED = "skipped"
+
+
+#: What each verdict leaves the run as (shown by the command).
+RESULT = {
+    Rule.FENCE: Status.WAITING_FOR_RECONCILIATION.value,
+    Rule.NOT_REHYDRATABLE: f"{Status.FAILED.value}/{TerminationReason.NOT_RESUMABLE.value}",
+    Rule.BUDGET: f"{Status.FAILED.value}/{TerminationReason.RETRIES_EXHAUSTED.value}",
+    Rule.RECLAIM: Status.QUEUED.value,
+}
+VERDICT_OF_RULE = {
+    Rule.FENCE: Verdict.IN_DOUBT,
+    Rule.NOT_REHYDRATABLE: Verdict.DEAD_LETTERED,
+    Rule.BUDGET: Verdict.DEAD_LETTERED,
+    Rule.RECLAIM: Verdict.REQUEUED,
+}
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """The reaper's verdict on one stale run."""
+
+    run_uuid: UUID
+    segment: str  # the claimed_by that abandoned it
+    lease_epoch: int
+    rule: str
+    verdict: str
+    result: str  # the status (and reason) it was left in; "" when skipped
+    detail: str = ""
+
+    def line(self) -> str:
+        text = (
+            f"{self.run_uuid} segment={self.segment or '-'} rule={self.rule} verdict={self.verdict}"
+        )
+        if self.result:
+            text += f" -> {self.result}"
+        if self.detail:
+            text += f" ({self.detail})"
+        return text
+
+
+@dataclass
+class ReaperReport:
+    """One pass: a verdict per stale run found, and how many queued runs were redispatched."""
+
+    dry_run: bool = False
+    verdicts: list[RunVerdict] = field(default_factory=list)
+    redispatched: int = 0
+
+    def count(self, verdict: str) -> int:
+        return sum(1 for v in self.verdicts if v.verdict == verdict)
+
+    @property
+    def found(self) -> int:
+        return len(self.verdicts)
+
+    def summary(self) -> str:
+        text = (
+            f"found {self.found}, requeued {self.count(Verdict.REQUEUED)}, "
+            f"in doubt {self.count(Verdict.IN_DOUBT)}, "
+            f"dead-lettered {self.count(Verdict.DEAD_LETTERED)}, "
+            f"skipped {self.count(Verdict.SKIPPED)}"
+        )
+        if self.dry_run:
+            return text + " (dry run: nothing changed)"
+        return text + f"; redispatched {self.redispatched} unclaimed queued run(s)"
+
+
+def rule_for(run: AgentRun) -> tuple[str, str]:
+    """The first rule of RUNS.md §7 that matches ``run`` and a detail for the record."""
+    if run.pending_effect == Effect.NON_IDEMPOTENT_WRITE:
+        call = run.pending_call if isinstance(run.pending_call, dict) else {}
+        return Rule.FENCE, f"{call.get('name') or 'unknown call'} in flight"
+    try:
+        rehydrate(run)
+    except NotRehydratable as exc:
+        return Rule.NOT_REHYDRATABLE, str(exc)[:200]
+    budget = int(conf.get("MAX_REQUEUES"))
+    if run.requeue_count >= budget:
+        return Rule.BUDGET, f"{run.requeue_count} of {budget} retries used"
+    return Rule.RECLAIM, ""
+
+
+def _event(run: AgentRun, rule: str, verdict: str, detail: str) -> transitions.EventSpec:
+    return transitions.EventSpec(
+        EventKind.REAPER,
+        {
+            "rule": rule,
+            "verdict": verdict,
+            "detail": detail,
+            "abandoned_by": run.claimed_by,
+            "lease_epoch": run.lease_epoch,
+            "lease_expired_at": run.lease_expires.isoformat() if run.lease_expires else None,
+            "requeue_count": run.requeue_count,
+            "pending_effect": run.pending_effect,
+        },
+    )
+
+
+def _apply(run: AgentRun, rule: str, detail: str, identity: str) -> bool:
+    """Carry out ``rule`` on ``run`` through its guarded transition; ``False``: not stale now."""
+    event = _event(run, rule, VERDICT_OF_RULE[rule], detail)
+    if rule == Rule.FENCE:
+        return transitions.run_mark_in_doubt(
+            run_id=run.pk, pending_turn=reconciliation_turn(run), segment=identity, event=event
+        )
+    if rule == Rule.RECLAIM:
+        return transitions.run_reclaim_stale(run_id=run.pk, segment=identity, event=event)
+    reason, error_type = (
+        (TerminationReason.NOT_RESUMABLE, "NotRehydratable")
+        if rule == Rule.NOT_REHYDRATABLE
+        else (TerminationReason.RETRIES_EXHAUSTED, "RetriesExhausted")
+    )
+    return transitions.run_settle(
+        run_id=run.pk,
+        status=Status.FAILED,
+        reason=reason,
+        stale_only=True,
+        error={"type": error_type, "message": f"stale lease: {detail}"},
+        events=[event],
+        segment=identity,
+    )
+
+
+def _judge(run: AgentRun, *, identity: str, dry_run: bool) -> RunVerdict:
+    rule, detail = rule_for(run)
+    verdict = VERDICT_OF_RULE[rule]
+    if not dry_run:
+        try:
+            applied = _apply(run, rule, detail, identity)
+        except StateWriteFailed as exc:
+            applied, detail = False, f"state write failed: {exc.message}"
+        if not applied:
+            verdict, detail = Verdict.SKIPPED, detail or "lease renewed or run changed meanwhile"
+    return RunVerdict(
+        run_uuid=run.uuid,
+        segment=run.claimed_by,
+        lease_epoch=run.lease_epoch,
+        rule=rule,
+        verdict=verdict,
+        result=RESULT[rule] if verdict != Verdict.SKIPPED else "",
+        detail=detail,
+    )
+
+
+def _wake_reclaimed(run: AgentRun, verdict: RunVerdict, identity: str) -> RunVerdict:
+    """Send a reclaimed run's wake-up (its batch has committed); settle it if that fails."""
+    try:
+        dispatch.send_wakeup(str(run.uuid))
+        return verdict
+    except Exception as exc:
+        logger.exception("reaper: could not send the wake-up for run %s", run.uuid)
+        error = {"type": "DispatchFailed", "message": f"{type(exc).__name__}: {exc}"[:500]}
+    settled = transitions.run_settle_undispatched(
+        run_id=run.pk,
+        lease_epoch=run.lease_epoch,
+        error=error,
+        segment=identity,
+        event=transitions.EventSpec(
+            EventKind.REAPER,
+            {
+                "rule": Rule.RECLAIM,
+                "verdict": Verdict.DEAD_LETTERED,
+                "detail": "the wake-up could not be sent",
+                "error": error,
+            },
+        ),
+    )
+    if not settled:  # a worker claimed it meanwhile (a duplicate task): it is not orphaned
+        return verdict
+    return RunVerdict(
+        run_uuid=verdict.run_uuid,
+        segment=verdict.segment,
+        lease_epoch=verdict.lease_epoch,
+        rule=Rule.RECLAIM,
+        verdict=Verdict.DEAD_LETTERED,
+        result=f"{Status.FAILED.value}/{TerminationReason.NOT_RETRYABLE.value}",
+        detail="wake-up not sent: " + error["message"],
+    )
+
+
+def _batch(
+    *, size: int, after: tuple[Any, int] | None, identity: str, dry_run: bool
+) -> tuple[list[RunVerdict], tuple[Any, int] | None]:
+    """Judge one batch in one transaction; send the wake-ups once it committed."""
+    reclaimed: list[tuple[AgentRun, int]] = []
+    verdicts: list[RunVerdict] = []
+    with transaction.atomic():
+        queryset = selectors.stale_runs(after=after)
+        if not dry_run:
+            queryset = queryset.select_for_update(skip_locked=True, of=("self",))
+        runs = list(queryset[:size])
+        for run in runs:
+            verdict = _judge(run, identity=identity, dry_run=dry_run)
+            if verdict.verdict == Verdict.REQUEUED and not dry_run:
+                reclaimed.append((run, len(verdicts)))
+            verdicts.append(verdict)
+    for run, position in reclaimed:
+        verdicts[position] = _wake_reclaimed(run, verdicts[position], identity)
+    cursor = (runs[-1].lease_expires, runs[-1].pk) if runs else after
+    return verdicts, cursor
+
+
+def redispatch_unclaimed(*, identity: str | None = None, limit: int = REDISPATCH_LIMIT) -> int:
+    """Send a fresh wake-up to queued runs nobody claimed for ``REDISPATCH_SECONDS``.
+
+    Claims decide, so a duplicate is harmless; each run is redispatched at most once per period
+    (the guarded mark bumps ``updated_at``). Returns how many wake-ups were sent.
+    """
+    identity = identity or reaper_identity()
+    seconds = float(conf.get("REDISPATCH_SECONDS"))
+    candidates = selectors.unclaimed_queued_runs(older_than_seconds=seconds).values_list(
+        "pk", "uuid"
+    )[:limit]
+    sent = 0
+    for run_id, run_uuid in list(candidates):
+        marked = transitions.run_mark_redispatched(
+            run_id=run_id,
+            older_than_seconds=seconds,
+            segment=identity,
+            event=transitions.EventSpec(
+                EventKind.REAPER,
+                {"rule": "redispatch", "verdict": "redispatched", "unclaimed_for_s": seconds},
+            ),
+        )
+        if not marked:
+            continue
+        try:
+            dispatch.send_wakeup(str(run_uuid))
+        except Exception:
+            logger.exception("reaper: could not redispatch run %s; next pass retries", run_uuid)
+            continue
+        sent += 1
+    return sent
+
+
+def reap_stale_runs(
+    *,
+    limit: int | None = None,
+    dry_run: bool = False,
+    batch_size: int = BATCH_SIZE,
+    redispatch: bool = True,
+) -> ReaperReport:
+    """One reaper pass: a verdict for up to ``limit`` stale runs (all when ``None``), then the
+    redispatch of unclaimed queued runs. ``dry_run`` judges and changes nothing.
+
+    Safe to run concurrently with itself and with live segments. Call it outside a transaction:
+    the wake-ups are sent after each batch commits.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError("limit must be a positive integer")
+    if batch_size < 1:
+        raise ValueError("batch_size must be a positive integer")
+    identity = reaper_identity()
+    report = ReaperReport(dry_run=dry_run)
+    cursor: tuple[Any, int] | None = None
+    while limit is None or report.found < limit:
+        size = batch_size if limit is None else min(batch_size, limit - report.found)
+        verdicts, cursor = _batch(size=size, after=cursor, identity=identity, dry_run=dry_run)
+        report.verdicts.extend(verdicts)
+        if len(verdicts) < size:
+            break
+    if redispatch and not dry_run:
+        report.redispatched = redispatch_unclaimed(identity=identity)
+    return report
