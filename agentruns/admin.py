@@ -7,11 +7,19 @@ from __future__ import annotations
 
 import json
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
-from agentruns.models import AgentConfiguration, AgentRun, AgentRunEvent
+from agentruns.models import (
+    AgentConfiguration,
+    AgentRun,
+    AgentRunEvent,
+    McpServer,
+    McpTransport,
+)
+from agentruns.tools.mcp import McpError, mcp_server_sync_tools
 
 
 @admin.register(AgentConfiguration)
@@ -108,3 +116,75 @@ class AgentRunEventAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: AgentRunEvent | None = None) -> bool:
         return False
+
+
+@admin.register(McpServer)
+class McpServerAdmin(admin.ModelAdmin):
+    """Remote tool servers. The server's hints are shown as information only: every remote
+    tool is a non-idempotent write, and only ``requires_approval`` decides whether it waits."""
+
+    list_display = [
+        "name",
+        "transport",
+        "endpoint",
+        "enabled",
+        "approval",
+        "tool_count",
+        "last_synced_at",
+    ]
+    list_filter = ["enabled", "transport", "requires_approval"]
+    search_fields = ["name", "url"]
+    actions = ["sync_tools"]
+    readonly_fields = ["tools_table", "last_synced_at", "last_sync_error", "created_at"]
+    exclude = ["tools_snapshot"]
+
+    @admin.display(description="endpoint")
+    def endpoint(self, obj: McpServer) -> str:
+        return obj.url if obj.transport == McpTransport.STREAMABLE_HTTP else obj.command
+
+    @admin.display(description="approval")
+    def approval(self, obj: McpServer) -> str:
+        return "required" if obj.approval_required else "OFF (runs unattended, fenced)"
+
+    @admin.display(description="tools")
+    def tool_count(self, obj: McpServer) -> int:
+        return len(obj.tools_snapshot) if isinstance(obj.tools_snapshot, list) else 0
+
+    @admin.display(description="discovered tools (hints are the server's claims, not rules)")
+    def tools_table(self, obj: McpServer) -> str:
+        entries = obj.tools_snapshot if isinstance(obj.tools_snapshot, list) else []
+        if not entries:
+            return "— (run the “Sync tools” action)"
+        rows = format_html_join(
+            "",
+            "<tr><td><code>{}</code><br>{}</td><td>{}</td><td>{}</td><td><pre>{}</pre></td>"
+            "<td>{}</td></tr>",
+            (
+                (
+                    e.get("registered_name", ""),
+                    e.get("name", ""),
+                    e.get("description", ""),
+                    ", ".join(f"{k}={v}" for k, v in sorted((e.get("hints") or {}).items())) or "—",
+                    json.dumps(e.get("input_schema"), indent=1, sort_keys=True),
+                    e.get("problem") or "ok",
+                )
+                for e in entries
+                if isinstance(e, dict)
+            ),
+        )
+        return format_html(
+            "<p>Every remote tool is a <strong>non-idempotent write</strong>; the hints below "
+            "decide nothing.</p><table><tr><th>tool</th><th>description</th><th>hints</th>"
+            "<th>input schema</th><th>status</th></tr>{}</table>",
+            rows,
+        )
+
+    @admin.action(description="Sync tools (list them from the server)")
+    def sync_tools(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
+        for server in queryset:
+            try:
+                snapshot = mcp_server_sync_tools(server=server)
+            except McpError as exc:
+                self.message_user(request, f"{server.name}: {exc}", messages.ERROR)
+                continue
+            self.message_user(request, f"{server.name}: {len(snapshot)} tools", messages.SUCCESS)

@@ -5,3 +5,9 @@ class AgentrunsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "agentruns"
     verbose_name = "Agent runs"
+
+    def ready(self) -> None:
+        """Let the tool registry resolve remote (MCP) tools. Idempotent."""
+        from agentruns.tools import mcp
+
+        mcp.install()

@@ -219,8 +219,9 @@ class McpTransport(models.TextChoices):
 
 
 # A server name becomes part of every tool name ``mcp__<server>__<tool>`` (at most 64 characters,
-# letters, digits, ``_`` and ``-``); ``__`` is the separator, so a name may not contain it.
-MCP_SERVER_NAME_RE = r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_))*$"
+# letters, digits, ``_`` and ``-``); ``__`` is the separator, so a name may neither contain it
+# nor end with ``_``.
+MCP_SERVER_NAME_RE = r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_|$))*$"
 MCP_SERVER_NAME_MAX = 24
 
 

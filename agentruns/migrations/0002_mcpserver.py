@@ -15,7 +15,7 @@ class Migration(migrations.Migration):
             name='McpServer',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text='Tools appear as mcp__<name>__<tool>.', max_length=24, unique=True, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_))*$', "Letters, digits, '-' and single '_' only (tools are named mcp__<server>__<tool>).")])),
+                ('name', models.CharField(help_text='Tools appear as mcp__<name>__<tool>.', max_length=24, unique=True, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_|$))*$', "Letters, digits, '-' and single '_' only (tools are named mcp__<server>__<tool>).")])),
                 ('transport', models.CharField(choices=[('streamable_http', 'Streamable HTTP (a URL)'), ('stdio', "stdio (a local command; only when AGENTRUNS['MCP_STDIO_ALLOWED'] is on)")], default='streamable_http', max_length=20)),
                 ('url', models.URLField(blank=True, help_text='Streamable HTTP endpoint, e.g. http://host/mcp', max_length=500)),
                 ('command', models.CharField(blank=True, help_text='stdio: the command line that starts the server (split like a shell would).', max_length=1000)),

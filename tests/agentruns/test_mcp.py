@@ -1,0 +1,458 @@
+"""Remote tools over MCP against a real local MCP server (RUNS.md §5, §6; issue 7)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import pytest
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.management import call_command, get_commands
+from django.core.management.base import CommandError
+from django.db import connection
+from django.db.models.functions import Now
+from django.test import override_settings
+
+from agentruns import transitions
+from agentruns.exceptions import WriteWithoutDurableExecution
+from agentruns.models import (
+    AgentRun,
+    AgentRunEvent,
+    Effect,
+    EventKind,
+    McpServer,
+    McpTransport,
+    Status,
+)
+from agentruns.services import runs
+from agentruns.services.runtime import Outcome, execute_tool_call
+from agentruns.tools import registry
+from agentruns.tools.mcp import (
+    McpError,
+    build_snapshot,
+    mcp_server_sync_tools,
+    registered_name,
+    server_name_of,
+)
+from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
+from tests.support.mcp_server import TicketServer, free_port
+
+TICKET = "mcp__tix__create_ticket"
+ROOT = Path(settings.BASE_DIR)
+
+
+def make_server(url: str, **fields: Any) -> McpServer:
+    return McpServer.objects.create(name=fields.pop("name", "tix"), url=url, **fields)
+
+
+def synced(server: TicketServer, **fields: Any) -> McpServer:
+    row = make_server(server.url, **fields)
+    mcp_server_sync_tools(server=row)
+    return row
+
+
+def ticket_script(title: str = "printer on fire") -> list[dict[str, Any]]:
+    return [
+        {"tool_calls": [{"name": TICKET, "arguments": {"title": title}}]},
+        {"content": "filed"},
+    ]
+
+
+def tool_events(run: AgentRun) -> list[dict[str, Any]]:
+    return [e.payload for e in AgentRunEvent.objects.filter(run=run, kind=EventKind.TOOL)]
+
+
+def in_thread(target: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = target()
+        except BaseException as exc:
+            box["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box
+
+
+# --- The model: approval is read fail-closed ------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_server_created_without_an_explicit_choice_requires_approval() -> None:
+    row = McpServer.objects.create(name="plain", url="http://127.0.0.1:9/mcp")
+    assert row.requires_approval is True and row.approval_required is True
+    McpServer.objects.filter(pk=row.pk).update(requires_approval=None)
+    row.refresh_from_db()
+    assert row.requires_approval is None and row.approval_required is True
+    McpServer.objects.filter(pk=row.pk).update(requires_approval=False)
+    row.refresh_from_db()
+    assert row.approval_required is False
+    assert McpServer(name="unsaved").approval_required is True
+
+
+@pytest.mark.django_db
+def test_clean_refuses_stdio_unless_allowed_and_secrets_in_headers() -> None:
+    stdio = McpServer(name="local", transport=McpTransport.STDIO, command="mcp-server --stdio")
+    with pytest.raises(ValidationError) as refused:
+        stdio.full_clean()
+    assert "transport" in refused.value.message_dict
+    with override_settings(AGENTRUNS={**settings.AGENTRUNS, "MCP_STDIO_ALLOWED": True}):
+        stdio.full_clean()
+    with pytest.raises(ValidationError) as no_url:
+        McpServer(name="nourl").full_clean()
+    assert "url" in no_url.value.message_dict
+    secret = McpServer(
+        name="leaky", url="http://127.0.0.1:9/mcp", headers_env={"Authorization": "Bearer abc"}
+    )
+    with pytest.raises(ValidationError) as leaky:
+        secret.full_clean()
+    assert "headers_env" in leaky.value.message_dict
+    for bad_name in ["a__b", "trailing_", "-dash", "has space"]:
+        with pytest.raises(ValidationError):
+            McpServer(name=bad_name, url="http://127.0.0.1:9/mcp").full_clean()
+
+
+def test_registered_names_are_provider_safe_unique_and_parseable() -> None:
+    assert registered_name("tix", "create_ticket") == TICKET
+    odd = registered_name("tix", "tickets/create.v2 (beta)")
+    assert odd.startswith("mcp__tix__tickets_create_v2__beta_-") and len(odd) <= 64
+    long = registered_name("a-long-server-name-here", "x" * 200)
+    assert len(long) == 64
+    first = registered_name("tix", "a.b")
+    second = registered_name("tix", "a_b", taken={first, "mcp__tix__a_b"})
+    assert first != second and len({first, second}) == 2
+    for name in (odd, long, first, second):
+        assert all(c.isalnum() or c in "_-" for c in name)
+    assert server_name_of(long) == "a-long-server-name-here"
+    assert server_name_of("create_note") is None
+
+
+# --- Discovery -------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_sync_stores_tools_and_registers_them_as_writes_whatever_the_hints(
+    mcp_server: TicketServer,
+) -> None:
+    row = make_server(mcp_server.url, requires_approval=False, allowed_tools=[])
+    call_command("sync_mcp_tools", "--server", "tix")
+    row.refresh_from_db()
+    assert row.last_synced_at is not None and row.last_sync_error == ""
+    by_name = {e["name"]: e for e in row.tools_snapshot}
+    assert set(by_name) == {"create_ticket", "echo", "fail"}
+    entry = by_name["create_ticket"]
+    assert entry["registered_name"] == TICKET
+    assert entry["input_schema"]["properties"]["title"]["type"] == "string"
+    assert entry["hints"]["readOnlyHint"] is True
+    assert mcp_server.calls == []  # discovery calls no tool
+
+    found = registry.get(TICKET)
+    assert found is not None
+    # The server claims read-only and idempotent; the effect is still a non-idempotent write.
+    assert found.effect == Effect.NON_IDEMPOTENT_WRITE
+    assert found.source == "mcp"
+    assert found.hints["readOnlyHint"] is True
+    assert found.requires_approval is False and found.needs_approval is False
+    assert found.parameters == entry["input_schema"]
+    assert {"mcp__tix__create_ticket", "mcp__tix__echo"} <= {t.name for t in registry.all()}
+
+    # The allow-list and the enabled switch count at once, without a new sync.
+    McpServer.objects.filter(pk=row.pk).update(allowed_tools=["echo"])
+    assert registry.get(TICKET) is None and registry.get("mcp__tix__echo") is not None
+    assert registry.effect_of(TICKET) == Effect.NON_IDEMPOTENT_WRITE  # unknown: fail closed
+    McpServer.objects.filter(pk=row.pk).update(enabled=False, allowed_tools=[])
+    assert registry.get("mcp__tix__echo") is None
+
+
+@pytest.mark.django_db
+def test_approval_follows_the_server_row_fail_closed(mcp_server: TicketServer) -> None:
+    row = synced(mcp_server)  # no explicit choice
+    assert registry.get(TICKET).needs_approval is True
+    McpServer.objects.filter(pk=row.pk).update(requires_approval=None)
+    assert registry.get(TICKET).needs_approval is True
+    McpServer.objects.filter(pk=row.pk).update(requires_approval=False)
+    assert registry.get(TICKET).needs_approval is False
+
+
+@pytest.mark.django_db
+def test_sync_of_an_unreachable_server_records_the_error() -> None:
+    row = make_server(f"http://127.0.0.1:{free_port()}/mcp")
+    with pytest.raises(CommandError):
+        call_command("sync_mcp_tools")
+    row.refresh_from_db()
+    assert row.last_synced_at is None and "listing tools failed" in row.last_sync_error
+    with pytest.raises(McpError):
+        mcp_server_sync_tools(server=row)
+
+
+def test_a_tool_whose_schema_the_registry_refuses_is_kept_but_not_registered() -> None:
+    class Remote:
+        name = "weird"
+        title = None
+        description = "d"
+        input_schema = {"type": "array"}
+        annotations = None
+
+    [entry] = build_snapshot("tix", [Remote()])
+    assert entry["problem"] and entry["registered_name"] == "mcp__tix__weird"
+
+
+# --- Approval and the first pass -------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_remote_write_suspends_when_its_server_requires_approval(
+    mcp_server: TicketServer,
+) -> None:
+    synced(mcp_server)
+    config = AgentConfigurationFactory(script=ticket_script())
+    result = runs.run_start_sync(configuration=config, prompt="file it")
+    assert result.outcome == Outcome.AWAITING_APPROVAL
+    assert mcp_server.calls == []
+    [shown] = result.run.pending_turn["calls"]
+    assert shown["name"] == TICKET and shown["source"] == "mcp"
+    assert shown["effect"] == Effect.NON_IDEMPOTENT_WRITE
+    assert shown["hints"]["readOnlyHint"] is True  # shown, not obeyed
+
+    staff = UserFactory(permissions=["agentruns.decide_agentrun"])
+    decided = runs.run_decide(
+        run_uuid=result.run.uuid,
+        actor=staff,
+        approved=True,
+        turn_digest=result.run.pending_turn["turn_digest"],
+        mode="inline",
+    )
+    assert decided.outcome == Outcome.COMPLETED
+    assert [c.tool for c in mcp_server.calls] == ["create_ticket"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_approval_off_a_remote_write_runs_on_the_first_pass_fenced(
+    mcp_server: TicketServer,
+) -> None:
+    synced(mcp_server, requires_approval=False)
+    config = AgentConfigurationFactory(script=ticket_script())
+    mcp_server.hold()
+    thread, box = in_thread(lambda: runs.run_start_sync(configuration=config, prompt="file it"))
+    try:
+        [call] = mcp_server.wait_for_calls(1)
+        # The server holds the call: the fence is on the row, under the segment's lease.
+        run = AgentRun.objects.get()
+        assert run.status == Status.RUNNING
+        assert run.claimed_by.startswith("interactive:")
+        assert run.pending_effect == Effect.NON_IDEMPOTENT_WRITE
+        assert run.pending_call["name"] == TICKET
+        assert run.pending_call["arguments"] == {"title": "printer on fire"}
+        assert call.meta["idempotency_key"] == f"{run.uuid}:{run.pending_call['id']}"
+        assert call.meta["fencing_token"] == run.lease_epoch
+    finally:
+        mcp_server.release()
+        thread.join(timeout=30)
+    assert "error" not in box, box.get("error")
+    result = box["result"]
+    assert result.outcome == Outcome.COMPLETED
+    assert result.run.pending_effect == "" and result.run.output == "filed"
+    assert AgentRunEvent.objects.filter(run=result.run, kind=EventKind.APPROVAL).count() == 0
+    [event] = tool_events(result.run)
+    assert event["ok"] is True and event["effect"] == Effect.NON_IDEMPOTENT_WRITE
+    assert event["result"]["structuredContent"] == {"ticket": 1}
+    assert len(mcp_server.tool_calls("create_ticket")) == 1
+
+
+@pytest.mark.django_db
+def test_an_unleased_call_is_refused_before_any_request_reaches_the_server(
+    mcp_server: TicketServer,
+) -> None:
+    synced(mcp_server, requires_approval=False)
+    before = mcp_server.http_requests
+    with pytest.raises(WriteWithoutDurableExecution):
+        execute_tool_call(
+            tool=registry.get(TICKET),
+            name=TICKET,
+            call_id="call_0",
+            arguments={"title": "x"},
+            lease=None,
+            initiator_id=None,
+            run_uuid=uuid4(),
+        )
+    assert mcp_server.http_requests == before
+    assert mcp_server.calls == []
+
+
+# --- Errors the model sees --------------------------------------------------------------------
+
+
+def _error_run(config_script: list[dict[str, Any]]) -> AgentRun:
+    config = AgentConfigurationFactory(script=config_script)
+    result = runs.run_start_sync(configuration=config, prompt="try")
+    assert result.outcome == Outcome.COMPLETED, result.detail
+    assert result.run.status == Status.COMPLETED and result.run.pending_effect == ""
+    return result.run
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unreachable_server_gives_the_model_an_error_result() -> None:
+    row = make_server(f"http://127.0.0.1:{free_port()}/mcp", requires_approval=False)
+    McpServer.objects.filter(pk=row.pk).update(
+        tools_snapshot=[
+            {
+                "name": "create_ticket",
+                "registered_name": TICKET,
+                "description": "Open a ticket.",
+                "input_schema": {"type": "object", "properties": {"title": {"type": "string"}}},
+                "hints": {},
+                "problem": "",
+            }
+        ]
+    )
+    run = _error_run(ticket_script())
+    [event] = tool_events(run)
+    assert event["ok"] is False and "tix" in event["error"] and "ConnectError" in event["error"]
+    assert "error" in event["content"]  # the tool message the model saw
+
+
+@pytest.mark.django_db(transaction=True)
+def test_is_error_and_timeouts_become_error_results(mcp_server: TicketServer) -> None:
+    synced(mcp_server, requires_approval=False, timeout_seconds=1)
+    run = _error_run(
+        [{"tool_calls": [{"name": "mcp__tix__fail", "arguments": {}}]}, {"content": "ok"}]
+    )
+    [event] = tool_events(run)
+    assert event["ok"] is False and "read-only today" in event["error"]
+
+    mcp_server.hold()
+    run = _error_run(ticket_script())
+    [event] = tool_events(run)
+    assert event["ok"] is False and "no answer within 1s" in event["error"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stdio_is_refused_at_call_time_without_starting_anything(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    row = McpServer.objects.create(
+        name="tix",
+        transport=McpTransport.STDIO,
+        command=f"{sys.executable} -c \"open('{marker}', 'w')\"",
+        requires_approval=False,
+    )
+    McpServer.objects.filter(pk=row.pk).update(
+        tools_snapshot=[
+            {
+                "name": "create_ticket",
+                "registered_name": TICKET,
+                "description": "Open a ticket.",
+                "input_schema": {"type": "object", "properties": {}},
+                "hints": {},
+                "problem": "",
+            }
+        ]
+    )
+    run = _error_run(ticket_script())
+    [event] = tool_events(run)
+    assert event["ok"] is False and "MCP_STDIO_ALLOWED" in event["error"]
+    assert not marker.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_missing_header_secret_refuses_the_call_unsent(
+    mcp_server: TicketServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIX_TOKEN", "s3cret")
+    row = synced(mcp_server, requires_approval=False, headers_env={"X-Token": "TIX_TOKEN"})
+    monkeypatch.delenv("TIX_TOKEN")
+    before = mcp_server.http_requests
+    run = _error_run(ticket_script())
+    [event] = tool_events(run)
+    assert event["ok"] is False and "TIX_TOKEN" in event["error"]
+    assert "s3cret" not in str(row.__dict__)
+    assert mcp_server.http_requests == before
+
+
+# --- A worker SIGKILLed while the server holds the call ---------------------------------------
+
+WORKER = """
+import sys
+import django
+django.setup()
+from agentruns.services import runs
+runs.run_process_queued(run_uuid=sys.argv[1])
+"""
+
+
+def _reap(run: AgentRun) -> str:
+    """The reaper's verdict on ``run``: the real command when it exists, else the transition
+    the reaper applies to a stale run fenced mid non-idempotent write."""
+    if "reap_stale_runs" in get_commands():
+        call_command("reap_stale_runs")
+        return "reap_stale_runs"
+    assert transitions.run_mark_in_doubt(
+        run_id=run.pk,
+        pending_turn=runs.reconciliation_turn(run),
+        segment="reaper:test",
+        event=transitions.EventSpec(EventKind.REAPER, {"rule": "in_doubt"}),
+    )
+    return "run_mark_in_doubt"
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_mid_call_leaves_the_run_for_reconciliation(
+    mcp_server: TicketServer,
+) -> None:
+    synced(mcp_server, requires_approval=False)
+    config = AgentConfigurationFactory(script=ticket_script())
+    run = transitions.run_enqueue(
+        configuration=config, initiator_id=None, prompt="file it", request={"prompt": "file it"}
+    )
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.test",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "AGENTRUNS_LEASE_SECONDS": "3",
+    }
+    env.pop("TEST_DB_NAME", None)
+    mcp_server.hold()
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER, str(run.uuid)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        mcp_server.wait_for_calls(1, timeout=60)
+        run.refresh_from_db()
+        assert run.status == Status.RUNNING and run.claimed_by.startswith("worker:")
+        assert run.pending_effect == Effect.NON_IDEMPOTENT_WRITE
+        assert run.pending_call["name"] == TICKET
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    deadline = time.monotonic() + 30
+    while not AgentRun.objects.filter(pk=run.pk, lease_expires__lt=Now()).exists():
+        assert time.monotonic() < deadline, "the dead worker's lease never expired"
+        time.sleep(0.2)
+    _reap(run)
+    mcp_server.release()
+    run.refresh_from_db()
+    assert run.status == Status.WAITING_FOR_RECONCILIATION
+    assert run.pending_effect == Effect.NON_IDEMPOTENT_WRITE
+    assert run.pending_call["name"] == TICKET
+    assert len(mcp_server.tool_calls("create_ticket")) == 1

@@ -1,0 +1,160 @@
+"""A real MCP server (the ``mcp`` SDK's ``MCPServer``) over streamable HTTP, for remote-tool tests.
+
+``TicketServer`` listens on 127.0.0.1 (an ephemeral port) in a background thread (uvicorn) and
+offers three tools:
+
+* ``create_ticket(title)`` — records the call (arguments and the request's ``_meta``) and
+  returns ``{"ticket": n}``. It *claims* to be read-only (``readOnlyHint``) and idempotent: a
+  server's hints must decide nothing.
+* ``echo(text)`` — returns the text (also recorded).
+* ``fail()`` — answers with ``isError``.
+
+``hold()`` makes every tool call wait (after recording it) until ``release()`` — so a test can
+inspect the run row while the server holds the call. ``calls`` lists the recorded tool calls;
+``http_requests`` counts every HTTP request that reached the server. Use the ``mcp_server``
+fixture; ``server.url`` is the ``McpServer.url``.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ToolAnnotations
+
+HOLD_LIMIT_SECONDS = 60.0
+
+
+@dataclass
+class RecordedCall:
+    tool: str
+    arguments: dict[str, Any]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class TicketServer:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.calls: list[RecordedCall] = []
+        self.http_requests = 0
+        self._lock = threading.Lock()
+        self._released = threading.Event()
+        self._released.set()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    # -- test controls --
+
+    def hold(self) -> None:
+        """From now on every tool call waits (after being recorded) until ``release()``."""
+        self._released.clear()
+
+    def release(self) -> None:
+        self._released.set()
+
+    def wait_for_calls(self, count: int, *, timeout: float = 30.0) -> list[RecordedCall]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if len(self.calls) >= count:
+                    return list(self.calls)
+            time.sleep(0.02)
+        raise AssertionError(f"the MCP server saw {len(self.calls)} calls, expected {count}")
+
+    def tool_calls(self, name: str) -> list[RecordedCall]:
+        with self._lock:
+            return [c for c in self.calls if c.tool == name]
+
+    # -- the server --
+
+    def _record(self, tool: str, arguments: dict[str, Any], ctx: Any) -> None:
+        meta = dict(ctx.request_context.meta or {})
+        with self._lock:
+            self.calls.append(RecordedCall(tool, arguments, meta))
+        self._released.wait(HOLD_LIMIT_SECONDS)
+
+    def _build(self) -> Any:
+        server = MCPServer("tickets", log_level="WARNING")
+
+        @server.tool(
+            annotations=ToolAnnotations(
+                read_only_hint=True, idempotent_hint=True, destructive_hint=False
+            )
+        )
+        def create_ticket(title: str, ctx: Context) -> dict[str, Any]:
+            """Open a ticket with a title."""
+            self._record("create_ticket", {"title": title}, ctx)
+            return {"ticket": len(self.tool_calls("create_ticket"))}
+
+        @server.tool()
+        def echo(text: str, ctx: Context) -> str:
+            """Return the text."""
+            self._record("echo", {"text": text}, ctx)
+            return text
+
+        @server.tool()
+        def fail(ctx: Context) -> str:
+            """Always fails."""
+            self._record("fail", {}, ctx)
+            raise ToolError("the ticket system is read-only today")
+
+        return server
+
+    def start(self) -> None:
+        import uvicorn
+
+        app = self._build().streamable_http_app(host="127.0.0.1")
+
+        async def counting(scope: dict, receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                with self._lock:
+                    self.http_requests += 1
+            await app(scope, receive, send)
+
+        config = uvicorn.Config(
+            counting,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="mcp-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the MCP test server did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.release()
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+@pytest.fixture
+def mcp_server() -> Iterator[TicketServer]:
+    server = TicketServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
