@@ -181,13 +181,17 @@ class RunSegment:
             if self.observer is not None:
                 self.observer(spec)
 
-    def _stop_lost(self) -> None:
-        """A guarded write matched nothing: the run was cancelled under us, or the lease lost."""
+    def _stop_lost(self, **detail: Any) -> None:
+        """A guarded write matched nothing: the run was cancelled under us, or the lease lost.
+
+        Every path that learns of a lost lease (a boundary, the ticker, the fence stamp) comes
+        here, so a cancel is always recognised and recorded as one.
+        """
         noticed = transitions.run_notice_cancel(
             self.lease,
             events=[transitions.EventSpec(EventKind.CANCEL, {"note": "noticed at step boundary"})],
         )
-        raise _Stop(Outcome.CANCELLED if noticed else Outcome.LEASE_LOST)
+        raise _Stop(Outcome.CANCELLED if noticed else Outcome.LEASE_LOST, **detail)
 
     def _event(self, kind: str, payload: dict[str, Any], **extra: Any) -> transitions.EventSpec:
         return transitions.EventSpec(kind, payload, **extra)
@@ -372,17 +376,22 @@ class RunSegment:
 
     def _execute(self, call: dict[str, Any], tool: Tool | None, arguments: Any) -> None:
         effect = tool.effect if tool is not None else Effect.NON_IDEMPOTENT_WRITE
-        result, duration_ms, lost = execute_tool_call(
-            tool=tool,
-            name=call["name"],
-            call_id=call["id"],
-            arguments=arguments,
-            lease=self.lease,
-            initiator_id=self.run.initiator_id,
-            run_uuid=self.run.uuid,
-        )
+        try:
+            result, duration_ms, lost = execute_tool_call(
+                tool=tool,
+                name=call["name"],
+                call_id=call["id"],
+                arguments=arguments,
+                lease=self.lease,
+                initiator_id=self.run.initiator_id,
+                run_uuid=self.run.uuid,
+            )
+        except _Stop as stop:
+            if stop.outcome == Outcome.LEASE_LOST:  # the fence stamp matched no row
+                self._stop_lost(**stop.detail)
+            raise
         if lost:
-            raise _Stop(Outcome.LEASE_LOST, at="tool")
+            self._stop_lost(at="tool")
         self.state["turn"]["done"].append(call["id"])
         event = self._event(
             EventKind.TOOL,
@@ -477,10 +486,10 @@ class RunSegment:
                 )
         except ProviderError as exc:
             if ticker.lost:
-                raise _Stop(Outcome.LEASE_LOST, at="provider") from exc
+                self._stop_lost(at="provider")
             self._provider_failed(exc)
         if ticker.lost:
-            raise _Stop(Outcome.LEASE_LOST, at="provider")
+            self._stop_lost(at="provider")
         duration_ms = int((time.monotonic() - started) * 1000)
         self.state["iteration"] = self.state.get("iteration", 0) + 1
         usage = self.state.setdefault("usage", {"prompt_tokens": 0, "completion_tokens": 0})

@@ -1,0 +1,162 @@
+"""Continuation from the last step boundary: the provider sees exactly the uninterrupted dialogue.
+
+A run is interrupted by a crash inside a tool body (a ``BaseException`` that no layer catches,
+like the process dying), its lease is reclaimed and a new segment continues it. What the
+scripted provider was sent, call by call, must equal what an uninterrupted run of the same
+script was sent.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db.models.functions import Now
+
+from agentruns import transitions
+from agentruns.models import AgentRun, EventKind, Status
+from agentruns.services.runs import run_decide, run_start_sync
+from agentruns.services.runtime import Outcome, continue_segment
+from tests.agentruns.runtime_support import (
+    assert_contiguous,
+    assert_released,
+    call,
+    config,
+    decider,
+    events,
+    sent,
+    tool_turn,
+)
+
+pytestmark = pytest.mark.django_db
+
+SCRIPT = [
+    tool_turn(call("probe_read", value="a")),
+    tool_turn(call("probe_read", value="b"), call("probe_read", value="c")),
+    tool_turn(call("list_notes")),
+    {"content": "the end"},
+]
+
+
+class ProcessDied(BaseException):
+    """Stands for the process vanishing mid-step: nothing in the runtime catches it."""
+
+
+def crash_once_on(value: str):
+    crashed: list[str] = []
+
+    def during(entry):
+        if entry["arguments"].get("value") == value and not crashed:
+            crashed.append(value)
+            raise ProcessDied()
+
+    return during
+
+
+def reclaim_and_claim(run: AgentRun) -> transitions.Lease:
+    AgentRun.objects.filter(pk=run.pk).update(lease_expires=Now() - timedelta(seconds=1))
+    assert transitions.run_reclaim_stale(
+        run_id=run.pk,
+        segment="reaper:test:1",
+        event=transitions.EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
+    )
+    lease = transitions.run_claim_queued(run_id=run.pk, identity="worker:elsewhere:7")
+    assert lease is not None
+    return lease
+
+
+def request_messages(run: AgentRun) -> list[list[dict]]:
+    return [e.payload["messages"] for e in events(run) if e.kind == EventKind.REQUEST]
+
+
+def uninterrupted(configuration) -> AgentRun:
+    result = run_start_sync(configuration=configuration, prompt="p", options={"script": SCRIPT})
+    assert result.outcome == Outcome.COMPLETED
+    return result.run
+
+
+@pytest.mark.parametrize("crash_at", ["a", "c"])
+def test_a_continued_run_sends_the_provider_the_uninterrupted_transcript(probes, crash_at):
+    configuration = config(system_prompt="You are terse.")
+    reference = uninterrupted(configuration)
+    probes.seen.clear()
+    probes.during = crash_once_on(crash_at)
+
+    with pytest.raises(ProcessDied):
+        run_start_sync(configuration=configuration, prompt="p", options={"script": SCRIPT})
+    interrupted = AgentRun.objects.exclude(pk=reference.pk).get()
+    assert interrupted.status == Status.RUNNING  # left behind with a lease, like a dead process
+    lease = reclaim_and_claim(interrupted)
+
+    result = continue_segment(lease)
+
+    assert result.outcome == Outcome.COMPLETED
+    interrupted.refresh_from_db()
+    assert interrupted.output == reference.output == "the end"
+    assert sent(interrupted) == sent(reference)
+    assert len(sent(reference)) == 4
+    assert request_messages(interrupted) == request_messages(reference)
+    # The interrupted call ran again; the calls finished before the crash did not.
+    values = [s["arguments"]["value"] for s in probes.seen]
+    assert values == (["a", "a", "b", "c"] if crash_at == "a" else ["a", "b", "c", "c"])
+    assert_contiguous(interrupted)
+    assert_released(interrupted)
+    # Usage and iterations count every provider call of the run, across both segments.
+    assert interrupted.iterations == reference.iterations == 4
+    assert interrupted.total_tokens == reference.total_tokens
+
+
+def test_a_run_continued_across_an_approval_sends_the_same_transcript(probes):
+    """The resume segment of an approved turn rebuilds the dialogue from the event stream: it
+    matches a run whose identical turn needed no approval (a read instead of the write)."""
+    approved_script = [
+        tool_turn(call("probe_write", value="w")),
+        {"content": "done"},
+    ]
+    configuration = config()
+    suspended = run_start_sync(
+        configuration=configuration, prompt="p", options={"script": approved_script}
+    )
+    assert suspended.outcome == Outcome.AWAITING_APPROVAL
+    run_decide(
+        run_uuid=suspended.run.uuid,
+        actor=decider(),
+        approved=True,
+        turn_digest=suspended.run.pending_turn["turn_digest"],
+        mode="inline",
+    )
+    suspended.run.refresh_from_db()
+    assert suspended.run.status == Status.COMPLETED
+
+    first, second = sent(suspended.run)
+    assert second[: len(first)] == first
+    assistant, tool_message = second[len(first) :]
+    assert assistant["tool_calls"][0]["id"] == "call_0_0"
+    assert assistant["tool_calls"][0]["function"]["name"] == "probe_write"
+    assert tool_message == {
+        "role": "tool",
+        "tool_call_id": "call_0_0",
+        "content": '{"probed": "probe_write", "value": "w"}',
+    }
+    assert request_messages(suspended.run) == [first, second]
+
+
+def test_continuing_a_finished_segment_boundary_does_not_repeat_provider_calls(probes):
+    """Interrupted right after the model answered (before any call of its turn ran): the new
+    segment executes the saved turn instead of asking the provider again."""
+    configuration = config()
+    reference = uninterrupted(configuration)
+    probes.seen.clear()
+    probes.during = crash_once_on("b")
+
+    with pytest.raises(ProcessDied):
+        run_start_sync(configuration=configuration, prompt="p", options={"script": SCRIPT})
+    interrupted = AgentRun.objects.exclude(pk=reference.pk).get()
+    calls_before = len(sent(interrupted))
+
+    continue_segment(reclaim_and_claim(interrupted))
+
+    # Two provider calls happened before the crash; the continuation made only the remaining two.
+    assert calls_before == 2
+    assert len(sent(interrupted)) == 4
+    assert sent(interrupted) == sent(reference)
