@@ -54,3 +54,20 @@ def unclaimed_queued_runs(*, older_than_seconds: float) -> QuerySet[AgentRun]:
     return AgentRun.objects.filter(status=Status.QUEUED, updated_at__lt=cutoff).order_by(
         "updated_at", "pk"
     )
+
+
+def run_list(
+    *,
+    status: str | None = None,
+    configuration: str | None = None,
+    initiator_id: int | None = None,
+) -> QuerySet[AgentRun]:
+    """Runs, newest first, optionally narrowed to a status, a configuration slug, an initiator."""
+    queryset = AgentRun.objects.select_related("configuration", "initiator")
+    if status:
+        queryset = queryset.filter(status=status)
+    if configuration:
+        queryset = queryset.filter(configuration__slug=configuration)
+    if initiator_id is not None:
+        queryset = queryset.filter(initiator_id=initiator_id)
+    return queryset.order_by("-created_at", "-pk")

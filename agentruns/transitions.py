@@ -704,3 +704,38 @@ def run_cancel(*, run_id: int, actor_id: int | None = None, note: str = "") -> b
             [EventSpec(EventKind.CANCEL, {"note": note}, actor_id=actor_id)],
         )
     return True
+
+
+@_state_write
+def run_abandon(lease: Lease, *, note: str = "") -> bool:
+    """Settle a run whose interactive client went away mid-stream: ``failed`` / ``abandoned``.
+
+    Guard: owner (``running``, ``claimed_by`` and ``lease_epoch`` of ``lease``) and no fence: a
+    write in flight is never cut off from its audit event, so a fenced run is refused and the
+    caller retries at the segment's next boundary. Claim and lease are cleared, so the segment
+    still executing under ``lease`` finds its next boundary write matching nothing (lease lost)
+    and stops. May be called from another thread than the segment's: the ``lease`` event is
+    sequenced from the table, not from the segment's counter. ``False``: fenced, already paused
+    or ended, or the lease was lost — nothing changed.
+    """
+    with transaction.atomic():
+        settled = AgentRun.objects.filter(lease.as_filter(), pending_effect="").update(
+            status=Status.FAILED,
+            termination_reason=TerminationReason.ABANDONED,
+            error={"type": "Abandoned", "message": "the client went away mid-stream"},
+            claimed_by="",
+            lease_expires=None,
+            pending_turn=None,
+            finished_at=Now(),
+            updated_at=Now(),
+        )
+        if settled != 1:
+            return False
+        _insert_events(
+            lease.run_id,
+            _next_sequence(lease.run_id),
+            lease.owner,
+            lease.epoch,
+            [EventSpec(EventKind.LEASE, {"action": "abandoned", "note": note})],
+        )
+    return True

@@ -1,9 +1,16 @@
-"""The API's one exception handler: Leasehold refusals and DRF errors as ``{"code", "message"}``."""
+"""The API's one exception handler: Leasehold refusals and DRF errors as ``{"code", "message"}``.
+
+Every refusal an API client can meet comes out in one shape: ``code`` (stable, machine-readable),
+``message`` (for people) and optional details (``errors`` for malformed requests, the refusal's
+own fields for Leasehold refusals).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -14,6 +21,11 @@ from agentruns.exceptions import LeaseholdError
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, LeaseholdError):
         return Response(exc.as_dict(), status=exc.status)
+    # DRF turns these two Django exceptions into its own; do it first so they get the shape too.
+    if isinstance(exc, Http404):
+        exc = drf_exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = drf_exceptions.PermissionDenied()
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

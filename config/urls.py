@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
-from django.urls import path
+from django.urls import include, path
 
 
 def healthz(request: HttpRequest) -> HttpResponse:
@@ -10,4 +10,5 @@ def healthz(request: HttpRequest) -> HttpResponse:
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
+    path("api/", include("agentruns.api.urls")),
 ]

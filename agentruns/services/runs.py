@@ -7,6 +7,7 @@ refusal (``agentruns.exceptions``) before anything changed (RUNS.md §10).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -43,6 +44,9 @@ logger = logging.getLogger(__name__)
 User = AbstractBaseUser | AnonymousUser
 DECIDE_PERMISSION = "agentruns.decide_agentrun"
 RECONCILIATION_VERDICTS = ("landed", "not_landed", "abandon")
+# Called with the lease of an inline segment before it runs (the playground's stream keeps it
+# to settle the run ``abandoned`` if its client goes away: ``run_abandon``).
+ClaimHook = Callable[[transitions.Lease], None]
 
 
 # --- Starting --------------------------------------------------------------------------------
@@ -111,6 +115,7 @@ def run_start_sync(
     initiator: User | None = None,
     options: dict[str, Any] | None = None,
     observer: EventObserver | None = None,
+    on_claim: ClaimHook | None = None,
 ) -> SegmentResult:
     """Start a run claimed at birth by this process and run it until it pauses or ends."""
     config = _configuration(configuration)
@@ -122,6 +127,8 @@ def run_start_sync(
         request=request,
         identity=execution_identity(Segment.INTERACTIVE),
     )
+    if on_claim is not None:
+        on_claim(lease)
     return continue_segment(lease, observer=observer)
 
 
@@ -185,8 +192,14 @@ def _mode_identity(mode: str) -> str | None:
     raise InvalidRequest("mode must be 'inline' or 'queued'", field="mode")
 
 
-def _hand_on(decided: transitions.Decided, observer: EventObserver | None) -> SegmentResult:
+def _hand_on(
+    decided: transitions.Decided,
+    observer: EventObserver | None,
+    on_claim: ClaimHook | None = None,
+) -> SegmentResult:
     if decided.lease is not None:
+        if on_claim is not None:
+            on_claim(decided.lease)
         return continue_segment(decided.lease, observer=observer)
     if decided.run.status == Status.QUEUED:
         dispatch.wake_after_commit(str(decided.run.uuid))
@@ -202,6 +215,7 @@ def run_decide(
     turn_digest: str | None,
     mode: str = "queued",
     observer: EventObserver | None = None,
+    on_claim: ClaimHook | None = None,
 ) -> SegmentResult:
     """Approve or deny the pending turn of a run waiting for approval.
 
@@ -246,7 +260,7 @@ def run_decide(
         identity=identity,
         check=four_eyes,
     )
-    return _hand_on(decided, observer)
+    return _hand_on(decided, observer, on_claim)
 
 
 def _pending(run_uuid: UUID | str) -> dict[str, Any]:
@@ -278,6 +292,7 @@ def run_submit_input(
     turn_digest: str | None,
     mode: str = "queued",
     observer: EventObserver | None = None,
+    on_claim: ClaimHook | None = None,
 ) -> SegmentResult:
     """Supply the typed values a tool asked a human for.
 
@@ -322,7 +337,7 @@ def run_submit_input(
         ),
         identity=identity,
     )
-    return _hand_on(decided, observer)
+    return _hand_on(decided, observer, on_claim)
 
 
 def reconciliation_turn(run: AgentRun) -> dict[str, Any]:
@@ -353,6 +368,7 @@ def run_reconcile(
     turn_digest: str | None,
     mode: str = "queued",
     observer: EventObserver | None = None,
+    on_claim: ClaimHook | None = None,
 ) -> SegmentResult:
     """Resolve an in-doubt write (RUNS.md §8): ``landed``, ``not_landed`` or ``abandon``."""
     _require_decider(actor)
@@ -391,10 +407,19 @@ def run_reconcile(
         event=event,
         identity=identity,
     )
-    return _hand_on(decided, observer)
+    return _hand_on(decided, observer, on_claim)
 
 
 def run_cancel(*, run_uuid: UUID | str, actor: User | None = None, note: str = "") -> bool:
     """Cancel a non-terminal run; ``False`` when it was already terminal."""
     run_id = _run_id(run_uuid)
     return transitions.run_cancel(run_id=run_id, actor_id=_user_id(actor), note=note)
+
+
+def run_abandon(*, lease: transitions.Lease) -> bool:
+    """Settle the run held by ``lease`` ``failed`` / ``abandoned``: its interactive client went
+    away mid-stream (RUNS.md §3.3). The segment still running under ``lease`` loses it at its next
+    boundary and stops. ``False``: nothing changed — the run already paused or ended, or a write
+    is in flight (fenced): call again after the segment's next boundary.
+    """
+    return transitions.run_abandon(lease, note="client disconnected")

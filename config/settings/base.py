@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc served from our static files (no CDN)
     "django_q",
     "agentruns",
     "approvals",
@@ -197,6 +198,13 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Start, inspect, decide and cancel leased agent runs.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "StartModeEnum": "agentruns.api.serializers.MODE_CHOICES",
+        "DecisionModeEnum": "agentruns.api.serializers.DECISION_MODE_CHOICES",
+    },
 }
 
 LOGGING = {

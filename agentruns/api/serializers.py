@@ -1,0 +1,196 @@
+"""Request and response shapes of the API. Responses never expose the raw loop state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from agentruns.models import WAITING_STATUSES, AgentRun, AgentRunEvent, Status
+from agentruns.services import runs
+
+MODE_CHOICES = [("sync", "sync"), ("queued", "queued")]
+DECISION_MODE_CHOICES = [("inline", "inline"), ("queued", "queued")]
+EVENTS_LIMIT = 1000
+
+
+# --- Errors ------------------------------------------------------------------------------------
+
+
+class ErrorSerializer(serializers.Serializer):
+    """Every refusal: a stable code, a message, and optional details (e.g. ``errors``)."""
+
+    code = serializers.CharField()
+    message = serializers.CharField()
+    errors = serializers.JSONField(required=False)
+
+
+# --- Runs ------------------------------------------------------------------------------------
+
+
+class RunStartSerializer(serializers.Serializer):
+    configuration = serializers.SlugField(help_text="The slug of an active configuration.")
+    prompt = serializers.CharField(trim_whitespace=False)
+    mode = serializers.ChoiceField(choices=MODE_CHOICES, default="sync")
+    script = serializers.ListField(
+        child=serializers.DictField(),
+        required=False,
+        allow_null=True,
+        help_text="Turns for the scripted provider (refused for other providers).",
+    )
+
+
+class RunQueuedSerializer(serializers.Serializer):
+    uuid = serializers.UUIDField()
+    status = serializers.ChoiceField(choices=Status.choices)
+
+
+class CallSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    name = serializers.CharField()
+    arguments = serializers.JSONField()
+    effect = serializers.CharField()
+
+
+class PendingTurnSerializer(serializers.Serializer):
+    """What a human decides on. ``calls`` holds the calls of the turn (approval), the call asking
+    for input (input) or the call in flight when its segment died (reconciliation)."""
+
+    kind = serializers.ChoiceField(choices=["approval", "input", "reconciliation"])
+    turn_digest = serializers.CharField()
+    calls = CallSerializer(many=True)
+    input_schema = serializers.JSONField(allow_null=True)
+    idempotency_key = serializers.CharField(allow_null=True)
+
+
+def _call(call: Any) -> dict[str, Any]:
+    call = call if isinstance(call, dict) else {}
+    return {
+        "id": str(call.get("id") or ""),
+        "name": str(call.get("name") or ""),
+        "arguments": call.get("arguments", {}),
+        "effect": str(call.get("effect") or ""),
+    }
+
+
+def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
+    """The pending turn as clients see it; ``None`` unless the run waits for a human."""
+    if run.status not in WAITING_STATUSES:
+        return None
+    turn = run.pending_turn if isinstance(run.pending_turn, dict) else {}
+    if run.status == Status.WAITING_FOR_RECONCILIATION and not turn.get("turn_digest"):
+        turn = runs.reconciliation_turn(run)
+    kind = (
+        turn.get("kind")
+        or {
+            Status.WAITING_FOR_APPROVAL: "approval",
+            Status.WAITING_FOR_INPUT: "input",
+            Status.WAITING_FOR_RECONCILIATION: "reconciliation",
+        }[run.status]
+    )
+    if kind == "approval":
+        calls = [_call(c) for c in turn.get("calls") or []]
+    else:
+        calls = [_call(turn.get("call"))] if turn.get("call") else []
+    return {
+        "kind": kind,
+        "turn_digest": turn.get("turn_digest") or "",
+        "calls": calls,
+        "input_schema": turn.get("input_schema") if kind == "input" else None,
+        "idempotency_key": turn.get("idempotency_key") if kind == "reconciliation" else None,
+    }
+
+
+class RunSerializer(serializers.Serializer):
+    """A run: every column of RUNS.md §2.2 except the raw state (``request``, ``loop_state``)."""
+
+    uuid = serializers.UUIDField()
+    configuration = serializers.SlugField(source="configuration.slug")
+    initiator = serializers.CharField(source="initiator.get_username", allow_null=True)
+    prompt = serializers.CharField()
+    status = serializers.ChoiceField(choices=Status.choices)
+    termination_reason = serializers.CharField(allow_blank=True)
+    claimed_by = serializers.CharField(allow_blank=True)
+    lease_expires = serializers.DateTimeField(allow_null=True)
+    lease_epoch = serializers.IntegerField()
+    pending_effect = serializers.CharField(allow_blank=True)
+    pending_call = serializers.JSONField(allow_null=True)
+    requeue_count = serializers.IntegerField()
+    pending_turn = serializers.SerializerMethodField()
+    output = serializers.CharField(allow_blank=True)
+    error = serializers.JSONField()
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    total_tokens = serializers.IntegerField()
+    iterations = serializers.IntegerField()
+    truncated = serializers.BooleanField()
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    updated_at = serializers.DateTimeField()
+
+    @extend_schema_field(PendingTurnSerializer(allow_null=True))
+    def get_pending_turn(self, run: AgentRun) -> dict[str, Any] | None:
+        return pending_turn_view(run)
+
+
+class RunFilterSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=Status.choices, required=False)
+    configuration = serializers.SlugField(required=False, help_text="A configuration's slug.")
+
+
+# --- Events ----------------------------------------------------------------------------------
+
+
+class EventsQuerySerializer(serializers.Serializer):
+    after = serializers.IntegerField(
+        min_value=-1, default=-1, help_text="Only events with a greater sequence."
+    )
+
+
+class EventSerializer(serializers.ModelSerializer):
+    actor = serializers.CharField(source="actor.get_username", allow_null=True, read_only=True)
+
+    class Meta:
+        model = AgentRunEvent
+        fields = [
+            "sequence",
+            "kind",
+            "segment",
+            "lease_epoch",
+            "duration_ms",
+            "payload",
+            "actor",
+            "created_at",
+        ]
+
+
+# --- Decisions -------------------------------------------------------------------------------
+
+
+class _DecisionBase(serializers.Serializer):
+    turn_digest = serializers.CharField(
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        default=None,
+        help_text="The digest of the pending turn you saw; missing or stale → 409.",
+    )
+    mode = serializers.ChoiceField(choices=DECISION_MODE_CHOICES, default="queued")
+
+
+class DecisionSerializer(_DecisionBase):
+    approved = serializers.BooleanField()
+
+
+class InputSerializer(_DecisionBase):
+    values = serializers.JSONField(help_text="Values for the pending input schema.")
+
+
+class ReconciliationSerializer(_DecisionBase):
+    verdict = serializers.ChoiceField(choices=[(v, v) for v in runs.RECONCILIATION_VERDICTS])
+
+
+class CancelledSerializer(serializers.Serializer):
+    cancelled = serializers.BooleanField()

@@ -1,0 +1,211 @@
+"""API views: parse, call one service or selector, render (RUNS.md §11).
+
+Every endpoint needs an authenticated staff user (token or session). Deciding needs
+``agentruns.decide_agentrun``, which the decision services check themselves (``NotPermitted``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.generics import GenericAPIView
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.parsers import JSONParser
+from rest_framework.permissions import IsAdminUser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agentruns import selectors
+from agentruns.api import serializers as s
+from agentruns.services import runs
+from agentruns.services.runtime import Outcome, SegmentResult
+
+UUID_PARAMETER = OpenApiParameter("uuid", OpenApiTypes.UUID, OpenApiParameter.PATH)
+
+
+def _errors(*codes: int) -> dict[int, OpenApiResponse]:
+    return {code: OpenApiResponse(s.ErrorSerializer) for code in (401, 403, *codes)}
+
+
+class LeaseholdAPIView(APIView):
+    # Token first: an unauthenticated request gets 401 with ``WWW-Authenticate: Token``.
+    authentication_classes = [TokenAuthentication, SessionAuthentication]
+    permission_classes = [IsAdminUser]
+    parser_classes = [JSONParser]
+
+
+def _parse(serializer_class: type[s.serializers.Serializer], data: Any) -> dict[str, Any]:
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def _continued(result: SegmentResult) -> Response:
+    """A decision's answer: 202 when handed to a worker, else 200 with the run after it."""
+    if result.outcome == Outcome.QUEUED:
+        return Response(s.RunQueuedSerializer(result.run).data, status=status.HTTP_202_ACCEPTED)
+    return Response(s.RunSerializer(result.run).data)
+
+
+class RunPagination(PageNumberPagination):
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+
+class RunsView(LeaseholdAPIView, GenericAPIView):
+    serializer_class = s.RunSerializer
+    pagination_class = RunPagination
+
+    @extend_schema(
+        operation_id="runs_list",
+        parameters=[s.RunFilterSerializer],
+        responses={200: s.RunSerializer(many=True), **_errors(400)},
+        description="Newest first, paginated (?page=N, ?page_size=N up to 500).",
+    )
+    def get(self, request: Request) -> Response:
+        filters = _parse(s.RunFilterSerializer, request.query_params)
+        queryset = selectors.run_list(
+            status=filters.get("status"), configuration=filters.get("configuration")
+        )
+        page = self.paginate_queryset(queryset)
+        return self.get_paginated_response(s.RunSerializer(page, many=True).data)
+
+    @extend_schema(
+        operation_id="runs_start",
+        request=s.RunStartSerializer,
+        responses={200: s.RunSerializer, 202: s.RunQueuedSerializer, **_errors(400)},
+        description="sync: runs until the run pauses or ends, answers 200 with the run. "
+        "queued: inserts a queued run for a worker, answers 202.",
+    )
+    def post(self, request: Request) -> Response:
+        data = _parse(s.RunStartSerializer, request.data)
+        options = {"script": data["script"]} if data.get("script") is not None else None
+        arguments = {
+            "configuration": data["configuration"],
+            "prompt": data["prompt"],
+            "initiator": request.user,
+            "options": options,
+        }
+        if data["mode"] == "queued":
+            run = runs.run_enqueue(**arguments)
+            return Response(s.RunQueuedSerializer(run).data, status=status.HTTP_202_ACCEPTED)
+        result = runs.run_start_sync(**arguments)
+        return Response(s.RunSerializer(result.run).data)
+
+
+class RunDetailView(LeaseholdAPIView):
+    @extend_schema(
+        operation_id="runs_retrieve",
+        parameters=[UUID_PARAMETER],
+        responses={200: s.RunSerializer, **_errors(404)},
+    )
+    def get(self, request: Request, uuid: str) -> Response:
+        return Response(s.RunSerializer(selectors.run_get(run_uuid=uuid)).data)
+
+
+class RunEventsView(LeaseholdAPIView):
+    @extend_schema(
+        operation_id="runs_events",
+        parameters=[UUID_PARAMETER, s.EventsQuerySerializer],
+        responses={200: s.EventSerializer(many=True), **_errors(400, 404)},
+        description=f"Events with sequence > after, in order, at most {s.EVENTS_LIMIT}; "
+        "ask again with the last sequence for more.",
+    )
+    def get(self, request: Request, uuid: str) -> Response:
+        query = _parse(s.EventsQuerySerializer, request.query_params)
+        run = selectors.run_get(run_uuid=uuid)
+        events = selectors.run_events(run=run, after=query["after"])[: s.EVENTS_LIMIT]
+        return Response(s.EventSerializer(events, many=True).data)
+
+
+_DECISION_RESPONSES = {
+    200: s.RunSerializer,
+    202: s.RunQueuedSerializer,
+    **_errors(400, 404, 409),
+}
+
+
+class RunDecisionView(LeaseholdAPIView):
+    @extend_schema(
+        operation_id="runs_decide",
+        parameters=[UUID_PARAMETER],
+        request=s.DecisionSerializer,
+        responses=_DECISION_RESPONSES,
+        description="Approve or deny the pending turn. inline: 200 with the run after the "
+        "continuation; queued: 202. 409: stale or missing digest, already decided, not "
+        "waiting. 403: not permitted, or self-approval under four-eyes.",
+    )
+    def post(self, request: Request, uuid: str) -> Response:
+        data = _parse(s.DecisionSerializer, request.data)
+        return _continued(
+            runs.run_decide(
+                run_uuid=uuid,
+                actor=request.user,
+                approved=data["approved"],
+                turn_digest=data["turn_digest"],
+                mode=data["mode"],
+            )
+        )
+
+
+class RunInputView(LeaseholdAPIView):
+    @extend_schema(
+        operation_id="runs_input",
+        parameters=[UUID_PARAMETER],
+        request=s.InputSerializer,
+        responses={**_DECISION_RESPONSES, 422: OpenApiResponse(s.ErrorSerializer)},
+        description="Supply the values a tool asked a human for; 422 when they do not match "
+        "the pending input schema (nothing changes).",
+    )
+    def post(self, request: Request, uuid: str) -> Response:
+        data = _parse(s.InputSerializer, request.data)
+        return _continued(
+            runs.run_submit_input(
+                run_uuid=uuid,
+                actor=request.user,
+                values=data["values"],
+                turn_digest=data["turn_digest"],
+                mode=data["mode"],
+            )
+        )
+
+
+class RunReconciliationView(LeaseholdAPIView):
+    @extend_schema(
+        operation_id="runs_reconcile",
+        parameters=[UUID_PARAMETER],
+        request=s.ReconciliationSerializer,
+        responses=_DECISION_RESPONSES,
+        description="Resolve an in-doubt write: landed, not_landed (the run continues) or "
+        "abandon (settled failed / reconciled_abandoned).",
+    )
+    def post(self, request: Request, uuid: str) -> Response:
+        data = _parse(s.ReconciliationSerializer, request.data)
+        return _continued(
+            runs.run_reconcile(
+                run_uuid=uuid,
+                actor=request.user,
+                verdict=data["verdict"],
+                turn_digest=data["turn_digest"],
+                mode=data["mode"],
+            )
+        )
+
+
+class RunCancelView(LeaseholdAPIView):
+    @extend_schema(
+        operation_id="runs_cancel",
+        parameters=[UUID_PARAMETER],
+        request=None,
+        responses={200: s.CancelledSerializer, **_errors(404)},
+        description="cancelled is false when the run had already ended.",
+    )
+    def post(self, request: Request, uuid: str) -> Response:
+        cancelled = runs.run_cancel(run_uuid=uuid, actor=request.user, note="cancelled via API")
+        return Response({"cancelled": cancelled})

@@ -1,0 +1,57 @@
+"""Helpers for the API tests: scripted configurations and runs parked in each waiting state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentruns.models import AgentConfiguration, AgentRun, Effect, Status
+from agentruns.services import runs
+from tests.agentruns.factories import AgentConfigurationFactory
+
+NOTE_CALL = {"name": "create_note", "arguments": {"title": "t", "body": "b"}}
+APPROVAL_SCRIPT = [{"tool_calls": [NOTE_CALL]}, {"content": "created"}]
+INPUT_SCRIPT = [
+    {"tool_calls": [{"name": "ask_human", "arguments": {"question": "Which colour?"}}]},
+    {"content": "thanks"},
+]
+
+
+def config(slug: str, script: list[dict[str, Any]], **extra: Any) -> AgentConfiguration:
+    return AgentConfigurationFactory(slug=slug, script=script, **extra)
+
+
+def waiting_for_approval(user: Any = None, **extra: Any) -> AgentRun:
+    configuration = config(extra.pop("slug", "notes"), APPROVAL_SCRIPT, **extra)
+    result = runs.run_start_sync(configuration=configuration, prompt="make a note", initiator=user)
+    assert result.run.status == Status.WAITING_FOR_APPROVAL, result
+    return result.run
+
+
+def waiting_for_input(user: Any = None) -> AgentRun:
+    result = runs.run_start_sync(
+        configuration=config("asker", INPUT_SCRIPT), prompt="ask me", initiator=user
+    )
+    assert result.run.status == Status.WAITING_FOR_INPUT, result
+    return result.run
+
+
+def in_doubt(user: Any = None) -> AgentRun:
+    """A run parked as the reaper parks one caught mid non-idempotent write (without the
+    history before it: its script's first turn is the answer after the verdict)."""
+    run = AgentRun.objects.create(
+        configuration=config("doubt", [{"content": "resumed"}]),
+        initiator=user,
+        prompt="make a note",
+        status=Status.WAITING_FOR_RECONCILIATION,
+        lease_epoch=1,
+        pending_effect=Effect.NON_IDEMPOTENT_WRITE,
+        pending_call={"id": "call_0_0", **NOTE_CALL, "effect": "non_idempotent_write"},
+    )
+    AgentRun.objects.filter(pk=run.pk).update(pending_turn=runs.reconciliation_turn(run))
+    run.refresh_from_db()
+    return run
+
+
+def digest(run: AgentRun) -> str:
+    run.refresh_from_db()
+    return run.pending_turn["turn_digest"]
