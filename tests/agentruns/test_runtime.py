@@ -690,3 +690,39 @@ def test_an_event_actor_is_recorded_for_a_cancel_by_a_user():
     assert run_cancel(run_uuid=run.uuid, actor=user, note="no") is True
     (event,) = events(run)
     assert event.kind == EventKind.CANCEL and event.actor_id == user.pk
+
+
+def test_a_turn_with_a_write_and_a_question_is_approved_then_asks_for_input(probes):
+    script = [
+        tool_turn(call("probe_write", value="w"), call("probe_ask", question="why?")),
+        {"content": "both done"},
+    ]
+    suspended = start(config(), script)
+    assert suspended.outcome == Outcome.AWAITING_APPROVAL  # approval wins when both apply
+
+    approved = run_decide(
+        run_uuid=suspended.run.uuid,
+        actor=decider(),
+        approved=True,
+        turn_digest=suspended.run.pending_turn["turn_digest"],
+        mode="inline",
+    )
+
+    assert approved.outcome == Outcome.AWAITING_INPUT
+    assert [s["tool"] for s in probes.seen] == ["probe_write"]
+    assert approved.run.pending_turn["call"]["id"] == "call_0_1"
+    assert_released(approved.run)
+
+    answered = run_submit_input(
+        run_uuid=suspended.run.uuid,
+        actor=decider(),
+        values={"answer": "because"},
+        turn_digest=approved.run.pending_turn["turn_digest"],
+        mode="inline",
+    )
+
+    assert answered.outcome == Outcome.COMPLETED
+    assert [s["tool"] for s in probes.seen] == ["probe_write", "probe_ask"]  # the write ran once
+    assert probes.seen[1]["arguments"] == {"question": "why?", "answer": "because"}
+    assert probes.seen[1]["fencing_token"] == 3  # a third segment: birth, resume, resume
+    assert_contiguous(answered.run)
