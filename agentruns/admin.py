@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from django.contrib import admin, messages
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
@@ -137,6 +138,7 @@ class McpServerAdmin(admin.ModelAdmin):
     actions = ["sync_tools"]
     readonly_fields = ["tools_table", "last_synced_at", "last_sync_error", "created_at"]
     exclude = ["tools_snapshot"]
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
     @admin.display(description="endpoint")
     def endpoint(self, obj: McpServer) -> str:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from io import StringIO
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -15,7 +16,7 @@ from uuid import uuid4
 import pytest
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.management import call_command, get_commands
+from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 from django.db.models.functions import Now
@@ -391,21 +392,6 @@ runs.run_process_queued(run_uuid=sys.argv[1])
 """
 
 
-def _reap(run: AgentRun) -> str:
-    """The reaper's verdict on ``run``: the real command when it exists, else the transition
-    the reaper applies to a stale run fenced mid non-idempotent write."""
-    if "reap_stale_runs" in get_commands():
-        call_command("reap_stale_runs")
-        return "reap_stale_runs"
-    assert transitions.run_mark_in_doubt(
-        run_id=run.pk,
-        pending_turn=runs.reconciliation_turn(run),
-        segment="reaper:test",
-        event=transitions.EventSpec(EventKind.REAPER, {"rule": "in_doubt"}),
-    )
-    return "run_mark_in_doubt"
-
-
 @pytest.mark.postgres
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
@@ -449,10 +435,30 @@ def test_a_worker_killed_mid_call_leaves_the_run_for_reconciliation(
     while not AgentRun.objects.filter(pk=run.pk, lease_expires__lt=Now()).exists():
         assert time.monotonic() < deadline, "the dead worker's lease never expired"
         time.sleep(0.2)
-    _reap(run)
+    call_command("reap_stale_runs", stdout=StringIO())
     mcp_server.release()
     run.refresh_from_db()
     assert run.status == Status.WAITING_FOR_RECONCILIATION
     assert run.pending_effect == Effect.NON_IDEMPOTENT_WRITE
     assert run.pending_call["name"] == TICKET
     assert len(mcp_server.tool_calls("create_ticket")) == 1
+    assert AgentRunEvent.objects.filter(run=run, kind=EventKind.REAPER).count() == 1
+
+
+@pytest.mark.django_db
+def test_the_admin_syncs_tools_and_shows_hints_as_information(
+    mcp_server: TicketServer, client: Any
+) -> None:
+    row = make_server(mcp_server.url)
+    admin_user = UserFactory(is_superuser=True)
+    client.force_login(admin_user)
+    response = client.post(
+        "/admin/agentruns/mcpserver/",
+        {"action": "sync_tools", "_selected_action": [row.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    row.refresh_from_db()
+    assert {e["registered_name"] for e in row.tools_snapshot} >= {TICKET}
+    page = client.get(f"/admin/agentruns/mcpserver/{row.pk}/change/").content.decode()
+    assert TICKET in page and "readOnlyHint=True" in page and "decide nothing" in page
