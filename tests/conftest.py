@@ -3,3 +3,4 @@
 from tests.support.chat_server import chat_server  # noqa: F401  (fixture)
 from tests.support.http_recorder import http_recorder  # noqa: F401  (fixture)
 from tests.support.mcp_server import mcp_server  # noqa: F401  (fixture)
+from tests.support.processes import holding_server, processes  # noqa: F401  (fixtures)
