@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
-from django.db.models import DateTimeField, ExpressionWrapper, QuerySet, Value
+from django.db.models import Count, DateTimeField, ExpressionWrapper, QuerySet, Value
 from django.db.models.functions import Now
 
+from agentruns.attribution import Attribution, attribute_runs
 from agentruns.exceptions import RunNotFound
-from agentruns.models import AgentRun, AgentRunEvent, Status
+from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
 
 
 def run_get(*, run_uuid: UUID | str) -> AgentRun:
@@ -71,3 +74,62 @@ def run_list(
     if initiator_id is not None:
         queryset = queryset.filter(initiator_id=initiator_id)
     return queryset.order_by("-created_at", "-pk")
+
+
+# --- The approvals inbox -------------------------------------------------------------------------
+
+INBOX_KINDS: dict[str, str] = {
+    "approval": Status.WAITING_FOR_APPROVAL,
+    "input": Status.WAITING_FOR_INPUT,
+    "reconciliation": Status.WAITING_FOR_RECONCILIATION,
+}
+
+
+def inbox_runs(*, kind: str | None = None) -> QuerySet[AgentRun]:
+    """Runs waiting for a human, oldest first; ``kind`` narrows to one of ``INBOX_KINDS``.
+
+    Configuration and initiator are joined, so rendering a page of cards costs no further query.
+    """
+    statuses = [INBOX_KINDS[kind]] if kind in INBOX_KINDS else list(INBOX_KINDS.values())
+    return (
+        AgentRun.objects.filter(status__in=statuses)
+        .select_related("configuration", "initiator")
+        .order_by("created_at", "pk")
+    )
+
+
+def inbox_counts() -> dict[str, int]:
+    """How many runs wait in each inbox kind (one query)."""
+    rows = (
+        AgentRun.objects.filter(status__in=list(INBOX_KINDS.values()))
+        .values("status")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    by_status = {row["status"]: row["n"] for row in rows}
+    return {kind: by_status.get(status, 0) for kind, status in INBOX_KINDS.items()}
+
+
+def recent_runs() -> QuerySet[AgentRun]:
+    """Every run, newest first, with configuration and initiator joined."""
+    return AgentRun.objects.select_related("configuration", "initiator").order_by(
+        "-created_at", "-pk"
+    )
+
+
+def run_attributions(*, runs: Iterable[AgentRun]) -> dict[int, Attribution | None]:
+    """Approval attribution (RUNS.md §6) per run id, for any number of runs in one query.
+
+    Reads every approving ``approval`` event of the given runs and ranks them with
+    ``agentruns.attribution``; a run without approvals maps to ``None``.
+    """
+    initiators = {run.pk: run.initiator_id for run in runs}
+    if not initiators:
+        return {}
+    deciders: dict[int, list[int | None]] = defaultdict(list)
+    approvals = AgentRunEvent.objects.filter(
+        run_id__in=list(initiators), kind=EventKind.APPROVAL, payload__approved=True
+    ).values_list("run_id", "actor_id")
+    for run_id, actor_id in approvals:
+        deciders[run_id].append(actor_id)
+    return attribute_runs(initiators=initiators, deciders=deciders)

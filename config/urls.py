@@ -8,6 +8,8 @@ def healthz(request: HttpRequest) -> HttpResponse:
 
 
 urlpatterns = [
+    # The approvals inbox lives inside the admin; it must precede the admin's catch-all.
+    path("admin/approvals/", include("approvals.urls")),
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
     path("api/", include("agentruns.api.urls")),

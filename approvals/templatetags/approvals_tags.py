@@ -1,0 +1,115 @@
+"""Template filters of the inbox. Every one returns plain text (autoescaped by the template) or
+markup built with ``format_html`` from our own constants — never model-chosen text marked safe."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import template
+from django.utils.html import format_html
+
+from agentruns.attribution import Attribution
+from approvals.feedback import ATTRIBUTIONS, NO_APPROVALS
+
+register = template.Library()
+
+LONG_LINES = 12
+LONG_CHARS = 600
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    """Indented, key-sorted JSON text (non-ASCII kept); ``repr`` for anything JSON cannot say."""
+    try:
+        return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+@register.filter
+def is_long(text: str) -> bool:
+    """Whether a block of text should fold into ``<details>``."""
+    return len(text) > LONG_CHARS or text.count("\n") + 1 > LONG_LINES
+
+
+@register.filter
+def line_count(text: str) -> int:
+    return text.count("\n") + 1
+
+
+@register.filter
+def short_uuid(value: Any) -> str:
+    return str(value)[:8]
+
+
+@register.simple_tag
+def attribution(value: str | None) -> str:
+    """The attribution of a run: a visible text badge for self-approval, a sentence otherwise."""
+    if value is None:
+        return format_html('<span class="approvals-attribution">{}</span>', NO_APPROVALS)
+    sentence = ATTRIBUTIONS.get(value, str(value))
+    if value == Attribution.SELF:
+        return format_html(
+            '<span class="approvals-attribution"><strong class="approvals-badge '
+            'approvals-badge-self">Self-approved</strong> {}</span>',
+            sentence,
+        )
+    return format_html('<span class="approvals-attribution">{}</span>', sentence)
+
+
+def _calls(calls: Any) -> str:
+    if not isinstance(calls, list):
+        return ""
+    return ", ".join(str(c.get("name")) for c in calls if isinstance(c, dict))
+
+
+@register.filter
+def event_summary(event: Any) -> str:
+    """One line saying what an event recorded, from its payload (plain text)."""
+    payload = event.payload if isinstance(event.payload, dict) else {}
+    kind = event.kind
+    if kind == "request":
+        final = " (final, no tools offered)" if payload.get("final") else ""
+        return f"Asked the model, round {payload.get('iteration', '?')}{final}"
+    if kind == "llm":
+        calls = _calls(payload.get("tool_calls"))
+        if calls:
+            return f"The model proposed: {calls}"
+        content = str(payload.get("content") or "")
+        return f"The model answered: {content[:200]}" if content else "The model answered"
+    if kind == "tool":
+        outcome = payload.get("outcome", "")
+        ok = "" if payload.get("ok") in (None, True) else " — failed"
+        return f"{payload.get('name', '?')}: {outcome}{ok}"
+    if kind == "approval":
+        verdict = "approved" if payload.get("approved") else "denied"
+        calls = _calls(payload.get("calls"))
+        return f"{verdict.capitalize()}{': ' + calls if calls else ''}"
+    if kind == "input":
+        return f"Input supplied for {payload.get('name', '?')}"
+    if kind == "reconciliation":
+        verdicts = {
+            "landed": "the call took effect",
+            "not_landed": "the call did not take effect",
+            "abandon": "the run was abandoned",
+        }
+        return f"Reconciled: {verdicts.get(payload.get('verdict'), payload.get('verdict'))}"
+    if kind in ("lease", "reaper"):
+        detail = payload.get("action") or payload.get("rule") or payload.get("verdict") or ""
+        return str(detail)
+    if kind == "cancel":
+        return str(payload.get("note") or "cancelled")
+    return ""
+
+
+@register.filter
+def decider(event: Any) -> str:
+    """Who decided (decision events only): the account, or the name recorded if it is gone."""
+    if event.actor_id is not None and event.actor is not None:
+        return event.actor.get_username()
+    payload = event.payload if isinstance(event.payload, dict) else {}
+    recorded = payload.get("decider")
+    if recorded:
+        return f"{recorded} (account no longer exists)"
+    return ""
