@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import factory
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.utils import timezone
 
-from agentruns.models import AgentConfiguration, AgentRun, Provider, Status
+from agentruns.models import AgentConfiguration, AgentRun, Effect, Provider, Status
+from agentruns.transitions import Lease
+
+HOLDER = "worker:test-host:1"
 
 
 class UserFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = get_user_model()
         django_get_or_create = ("username",)
+        skip_postgeneration_save = True
 
     username = factory.Sequence(lambda n: f"user{n}")
     email = factory.LazyAttribute(lambda o: f"{o.username}@example.com")
-    password = factory.PostGenerationMethodCall("set_password", "pw")
+    password = factory.django.Password("pw")
     is_staff = True
 
     @factory.post_generation
@@ -52,6 +59,23 @@ class AgentRunFactory(factory.django.DjangoModelFactory):
     status = Status.QUEUED
 
     class Params:
+        running = factory.Trait(
+            status=Status.RUNNING,
+            claimed_by=HOLDER,
+            lease_epoch=1,
+            lease_expires=factory.LazyFunction(lambda: timezone.now() + timedelta(seconds=60)),
+            started_at=factory.LazyFunction(timezone.now),
+        )
+        stale = factory.Trait(
+            running=True,
+            lease_expires=factory.LazyFunction(lambda: timezone.now() - timedelta(minutes=5)),
+        )
+        fenced = factory.Trait(
+            pending_effect=Effect.NON_IDEMPOTENT_WRITE,
+            pending_call=factory.LazyFunction(
+                lambda: {"id": "call_0_0", "name": "create_note", "arguments": {"title": "t"}}
+            ),
+        )
         waiting = factory.Trait(
             status=Status.WAITING_FOR_APPROVAL,
             lease_epoch=1,
@@ -70,4 +94,31 @@ class AgentRunFactory(factory.django.DjangoModelFactory):
                 }
             ),
         )
+        waiting_for_input = factory.Trait(
+            status=Status.WAITING_FOR_INPUT,
+            lease_epoch=1,
+            pending_turn=factory.LazyFunction(
+                lambda: {
+                    "kind": "input",
+                    "calls": [{"id": "call_0_0", "name": "ask_user", "arguments": {}}],
+                    "input_schema": {"type": "object"},
+                    "turn_digest": "i" * 64,
+                }
+            ),
+        )
+        in_doubt = factory.Trait(
+            status=Status.WAITING_FOR_RECONCILIATION,
+            lease_epoch=1,
+            fenced=True,
+            pending_turn=factory.LazyFunction(
+                lambda: {"kind": "reconciliation", "turn_digest": "r" * 64}
+            ),
+        )
         completed = factory.Trait(status=Status.COMPLETED, termination_reason="completed")
+        failed = factory.Trait(status=Status.FAILED, termination_reason="provider_failed")
+        cancelled = factory.Trait(status=Status.CANCELLED, termination_reason="cancelled")
+
+
+def lease_for(run: AgentRun, *, next_sequence: int = 0) -> Lease:
+    """The lease a segment holding ``run`` (as the row names it now) would carry."""
+    return Lease(run.pk, run.uuid, run.claimed_by, run.lease_epoch, next_sequence=next_sequence)
