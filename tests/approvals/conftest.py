@@ -71,10 +71,15 @@ def start_waiting_run(
     return AgentRun.objects.select_related("configuration", "initiator").get(pk=result.run.pk)
 
 
-def start_input_run(*, initiator=None, question: str = "Which priority?") -> AgentRun:
+def start_input_run(
+    *,
+    initiator=None,
+    question: str = "Which priority?",
+    configuration: AgentConfiguration | None = None,
+) -> AgentRun:
     """A real run, started by the runtime, now ``waiting_for_input`` from ``ask_human``."""
     result = runs.run_start_sync(
-        configuration=AgentConfigurationFactory(),
+        configuration=configuration or AgentConfigurationFactory(),
         prompt="Ask the operator",
         initiator=initiator,
         options={"script": input_script(question)},
@@ -87,10 +92,16 @@ class SegmentDied(BaseException):
     """Stands for the process dying: not an ``Exception``, so nothing in the loop catches it."""
 
 
-def make_in_doubt_run(*, decider, initiator=None, monkeypatch: pytest.MonkeyPatch) -> AgentRun:
+def make_in_doubt_run(
+    *,
+    decider,
+    monkeypatch: pytest.MonkeyPatch,
+    initiator=None,
+    configuration: AgentConfiguration | None = None,
+) -> AgentRun:
     """A run whose worker died inside ``create_note`` after the fence was stamped; once its
     lease has expired the reaper parks it in ``waiting_for_reconciliation`` (rule 1)."""
-    run = start_waiting_run(initiator=initiator)
+    run = start_waiting_run(initiator=initiator, configuration=configuration)
     runs.run_decide(
         run_uuid=run.uuid,
         actor=decider,

@@ -9,6 +9,7 @@ from django.urls import reverse
 from agentruns.digests import turn_digest
 from agentruns.models import AgentRun, AgentRunEvent, Status
 from agentruns.services import runs
+from approvals.forms import input_spec
 from tests.agentruns.factories import AgentRunFactory
 from tests.approvals.conftest import start_input_run, start_waiting_run
 from tests.approvals.html import heading_levels, headings_in_order, unlabelled_fields
@@ -132,13 +133,15 @@ def test_checkbox_number_and_choice_fields(client, decider):
         "required": ["ratio", "team"],
     }
     run = crafted_input_run(schema)
+    run.refresh_from_db()  # PostgreSQL's jsonb may store the properties in another order
+    names = {key: name for name, key in input_spec(run.pending_turn["input_schema"]).keys.items()}
     client.force_login(decider)
     html = client.get(reverse("approvals:inbox")).content.decode()
-    assert f'type="checkbox" name="run{run.pk}-f0"' in html
-    assert f'type="number" name="run{run.pk}-f1"' in html and 'step="any"' in html
-    assert f'name="run{run.pk}-f2"' in html and "<select" in html
+    assert f'type="checkbox" name="run{run.pk}-{names["urgent"]}"' in html
+    assert f'type="number" name="run{run.pk}-{names["ratio"]}"' in html and 'step="any"' in html
+    assert f'<select name="run{run.pk}-{names["team"]}"' in html
     assert unlabelled_fields(html) == []
-    submit(client, run, {"f0": "on", "f1": "0.25", "f2": "blue"})
+    submit(client, run, {names["urgent"]: "on", names["ratio"]: "0.25", names["team"]: "blue"})
     values = AgentRunEvent.objects.get(run=run, kind="input").payload["values"]
     assert values == {"urgent": True, "ratio": 0.25, "team": "blue"}
 

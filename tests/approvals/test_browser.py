@@ -1,0 +1,250 @@
+"""The inbox in headless Chromium, with JavaScript switched off: a staff member logs in and
+approves a write; two browsers race on one card; the input form's 422 path; a reconciliation.
+
+Needs Debian's ``/usr/bin/chromium`` (``.ci/run`` installs it) and Playwright's Python package.
+Decisions are queued (the inbox's default): where a test needs the continuation to happen, it
+plays the worker itself by calling ``runs.run_process_queued`` — exactly what the django-q2 task
+does — instead of starting a cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.urls import reverse
+
+from agentruns.models import AgentRun, AgentRunEvent, Status
+from agentruns.services import runs
+from playground.models import Note
+from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory
+from tests.approvals.conftest import make_in_doubt_run, start_input_run, start_waiting_run
+from tests.approvals.html import headings_in_order
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ARTIFACTS = Path(settings.BASE_DIR) / "artifacts"
+APPROVED = "Approved. A worker continues the run; its timeline shows what happens next."
+REFUSED = {
+    "Someone already decided this — nothing was changed.",
+    "The pending action changed — review again.",
+}
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not shutil.which(CHROMIUM) and os.environ.get("CI", "").lower() != "true",
+        reason="needs /usr/bin/chromium",
+    ),
+]
+
+
+@pytest.fixture
+def browser(live_server, monkeypatch):
+    from playwright.sync_api import sync_playwright
+
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs a loop
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+def new_page(browser, *, width: int = 1280):
+    """A fresh browser profile with JavaScript off: the inbox must work without it."""
+    context = browser.new_context(
+        java_script_enabled=False, viewport={"width": width, "height": 900}
+    )
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    return page
+
+
+def log_in(page, live_server, user) -> None:
+    page.goto(f"{live_server.url}{reverse('admin:index')}")
+    page.fill("#id_username", user.get_username())
+    page.fill("#id_password", "pw")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#approvals-link")
+
+
+def card(page, run):
+    return page.locator(f"#run-{run.uuid}")
+
+
+def messages(page) -> list[str]:
+    page.wait_for_selector(".messagelist li")
+    return [text.strip() for text in page.locator(".messagelist li").all_inner_texts()]
+
+
+def screenshot(page, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / name
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def test_staff_log_in_approve_a_write_and_see_the_run_complete(
+    browser, live_server, decider, initiator
+):
+    run = start_waiting_run(initiator=initiator, arguments={"title": "Launch", "body": "Go."})
+    page = new_page(browser)
+    log_in(page, live_server, decider)
+    page.click("#approvals-link a:text('Approvals inbox')")
+    assert page.locator("h1").inner_text() == "Approvals inbox"
+    assert card(page, run).locator("code", has_text="create_note").count() == 1
+    assert "Effect: non-idempotent write" in card(page, run).inner_text()
+    screenshot(page, "inbox-approval.png")
+
+    card(page, run).get_by_role("button", name="Approve").click()
+    assert messages(page) == [APPROVED]
+    assert card(page, run).count() == 0
+    assert AgentRun.objects.get(pk=run.pk).status == Status.QUEUED
+
+    # The worker's turn (what the django-q2 task runs), then the staff member looks again.
+    assert runs.run_process_queued(run_uuid=run.uuid).outcome == "completed"
+    page.click("nav.approvals-nav >> text=Recent runs")
+    row = page.locator("tr", has=page.locator(f"a[href$='{run.uuid}/']"))
+    assert "completed" in row.inner_text()
+    assert "someone other than who started it" in row.inner_text()
+    row.locator("a").click()
+    summary = page.locator("dl.approvals-summary").inner_text()
+    assert "completed" in summary.lower()
+    timeline = page.locator("table.approvals-timeline").inner_text()
+    assert "approval decision" in timeline and "decider" in timeline
+    assert Note.objects.filter(title="Launch").count() == 1
+
+
+def test_two_browsers_approve_the_same_card_and_exactly_one_wins(
+    browser, live_server, decider, colleague, initiator
+):
+    run = start_waiting_run(initiator=initiator)
+    first, second = new_page(browser), new_page(browser)
+    log_in(first, live_server, decider)
+    log_in(second, live_server, colleague)
+    for page in (first, second):
+        page.goto(f"{live_server.url}{reverse('approvals:inbox')}")
+        assert card(page, run).count() == 1
+
+    # Both click before either answer arrives.
+    for page in (first, second):
+        card(page, run).get_by_role("button", name="Approve").click(no_wait_after=True)
+    outcomes = sorted([messages(first)[0], messages(second)[0]])
+    assert APPROVED in outcomes
+    other = outcomes[1] if outcomes[0] == APPROVED else outcomes[0]
+    assert other in REFUSED
+    assert AgentRunEvent.objects.filter(run=run, kind="approval").count() == 1
+    assert AgentRun.objects.get(pk=run.pk).status == Status.QUEUED
+
+
+def test_invalid_input_comes_back_with_422_a_focused_summary_and_the_values_kept(
+    browser, live_server, decider, initiator
+):
+    run = start_input_run(initiator=initiator)
+    page = new_page(browser)
+    log_in(page, live_server, decider)
+    page.goto(f"{live_server.url}{reverse('approvals:inbox')}")
+    form = card(page, run)
+    form.get_by_label("Priority (optional)").fill("-1")
+    with page.expect_response(lambda r: r.url.endswith("/input/")) as answer:
+        form.get_by_role("button", name="Send input").click()
+    assert answer.value.status == 422
+
+    summary = page.locator(f"#error-summary-{run.pk}")
+    assert summary.evaluate("element => element === document.activeElement")
+    assert "Answer: This field is required." in summary.inner_text()
+    assert page.get_by_label("Priority (optional)").input_value() == "-1"
+    assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_INPUT
+    screenshot(page, "input-422.png")
+
+    # The summary links to the field; fix it and send again.
+    page.get_by_label("Answer (required)").fill("Ship it")
+    page.get_by_label("Priority (optional)").fill("2")
+    page.get_by_role("button", name="Send input").click()
+    assert messages(page)[0].startswith("Input sent.")
+    event = AgentRunEvent.objects.get(run=run, kind="input")
+    assert event.payload["values"] == {"answer": "Ship it", "priority": 2}
+
+
+def test_a_reconciliation_decision(browser, live_server, decider, initiator, monkeypatch):
+    run = make_in_doubt_run(decider=decider, initiator=initiator, monkeypatch=monkeypatch)
+    key = f"{run.uuid}:{run.pending_turn['call']['id']}"
+    page = new_page(browser)
+    log_in(page, live_server, decider)
+    page.goto(f"{live_server.url}{reverse('approvals:inbox')}?kind=reconciliation")
+    text = card(page, run).inner_text()
+    assert key in text and run.pending_turn["segment"] in text and "Its lease expired" in text
+
+    card(page, run).get_by_role("button", name="It landed — continue").click()
+    assert messages(page)[0].startswith("Recorded: the call took effect.")
+    assert runs.run_process_queued(run_uuid=run.uuid).outcome == "completed"
+    page.goto(f"{live_server.url}{reverse('approvals:run', args=[run.uuid])}")
+    timeline = page.locator("table.approvals-timeline").inner_text()
+    assert "Reconciled: the call took effect" in timeline and decider.get_username() in timeline
+    assert not Note.objects.exists()  # confirmed as landed: never executed a second time
+
+
+def test_every_card_type_in_one_inbox(browser, live_server, decider, initiator, monkeypatch):
+    """The README's screenshot, and the accessibility checks a real browser can make."""
+    make_in_doubt_run(
+        decider=decider,
+        initiator=initiator,
+        monkeypatch=monkeypatch,
+        configuration=AgentConfigurationFactory(name="Release notes", slug="release-notes"),
+    )
+    start_waiting_run(
+        initiator=initiator,
+        arguments={"title": "Customer <b>escalation</b>", "body": "Call them back. " * 60},
+        configuration=AgentConfigurationFactory(
+            name="Support notes", slug="support-notes", require_second_approver=True
+        ),
+    )
+    start_input_run(
+        initiator=initiator,
+        question="Which priority should the ticket get?",
+        configuration=AgentConfigurationFactory(name="Ticket triage", slug="ticket-triage"),
+    )
+    AgentRunFactory(
+        configuration=AgentConfigurationFactory(name="Legacy importer", slug="legacy-importer"),
+        status=Status.WAITING_FOR_APPROVAL,
+        pending_turn={"kind": "approval", "calls": "?"},
+        initiator=initiator,
+        prompt="Import the old records",
+    )
+    page = new_page(browser, width=1100)
+    log_in(page, live_server, decider)
+    page.goto(f"{live_server.url}{reverse('approvals:inbox')}")
+    kinds = page.locator(".approvals-kind").all_inner_texts()
+    assert sorted(k.lower() for k in kinds) == sorted(
+        ["waiting for reconciliation", "awaiting approval", "waiting for input", "unreadable"]
+    )
+    assert page.locator("details").count() == 1  # the long arguments fold away
+    assert "Customer <b>escalation</b>" in page.locator("details pre").text_content()
+
+    levels = [
+        int(tag[1])
+        for tag in page.locator("#content h1, #content h2, #content h3, #content h4").evaluate_all(
+            "nodes => nodes.map(n => n.tagName.toLowerCase())"
+        )
+    ]
+    assert headings_in_order(levels), levels
+    unlabelled = page.locator(
+        "#content input:not([type=hidden]), #content select, #content textarea"
+    ).evaluate_all("nodes => nodes.filter(n => n.labels.length === 0).map(n => n.name)")
+    assert unlabelled == []
+    groups = page.locator("#content fieldset").evaluate_all(
+        "nodes => nodes.map(n => n.querySelector('legend') && n.querySelector('legend').innerText)"
+    )
+    assert len(groups) == 3 and all(groups)
+    assert screenshot(page, "inbox.png").stat().st_size > 10_000
