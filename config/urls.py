@@ -13,4 +13,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
     path("api/", include("agentruns.api.urls")),
+    path("playground/", include("playground.urls")),
 ]

@@ -1,0 +1,111 @@
+"""Playground forms: what to run, and a human's input values parsed by their schema's types."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.core.validators import MaxValueValidator
+from django.http import QueryDict
+
+from agentruns import conf
+from agentruns.models import AgentConfiguration
+from agentruns.tools import registry
+
+
+def _tool_choices() -> list[tuple[str, str]]:
+    return [(t.name, f"{t.name} ({t.effect})") for t in registry.all()]
+
+
+class RunForm(forms.Form):
+    configuration = forms.ModelChoiceField(
+        queryset=AgentConfiguration.objects.filter(is_active=True),
+        to_field_name="slug",
+        empty_label=None,
+    )
+    prompt = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), strip=False)
+    tools = forms.MultipleChoiceField(
+        choices=_tool_choices,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Narrow the configuration's tools; none ticked = the configuration's own.",
+    )
+    system_prompt = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}),
+        required=False,
+        help_text="Overrides the configuration's system prompt.",
+    )
+    max_iterations = forms.IntegerField(
+        required=False, min_value=1, help_text="Round cap (the configuration's when empty)."
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        limit = int(conf.get("MAX_ITERATIONS"))  # read per request: settings may change
+        field = self.fields["max_iterations"]
+        field.validators.append(MaxValueValidator(limit))
+        field.widget.attrs["max"] = limit
+
+    def start_arguments(self) -> dict[str, Any]:
+        """Keyword arguments for ``runs.run_start_sync`` (without initiator and hooks)."""
+        data = self.cleaned_data
+        options: dict[str, Any] = {}
+        if data.get("tools"):
+            options["tools"] = list(data["tools"])
+        if data.get("system_prompt"):
+            options["system_prompt"] = data["system_prompt"]
+        if data.get("max_iterations") is not None:
+            options["max_iterations"] = data["max_iterations"]
+        return {
+            "configuration": data["configuration"],
+            "prompt": data["prompt"],
+            "options": options or None,
+        }
+
+
+def input_fields(schema: Any) -> list[dict[str, Any]]:
+    """The fields of an input schema's properties, for rendering the input form."""
+    schema = schema if isinstance(schema, dict) else {}
+    required = set(schema.get("required") or [])
+    fields = []
+    for name, prop in (schema.get("properties") or {}).items():
+        prop = prop if isinstance(prop, dict) else {}
+        kind = prop.get("type", "string")
+        fields.append(
+            {
+                "name": name,
+                "label": prop.get("title") or name,
+                "type": kind,
+                "enum": prop.get("enum") or [],
+                "required": name in required,
+                "description": prop.get("description", ""),
+            }
+        )
+    return fields
+
+
+def input_values(schema: Any, data: QueryDict) -> dict[str, Any]:
+    """Values from a submitted input form, converted by each property's type.
+
+    Empty fields are left out; a value that does not convert is passed on as text so that the
+    schema validation (in the service) names the problem.
+    """
+    values: dict[str, Any] = {}
+    for field in input_fields(schema):
+        name, kind = field["name"], field["type"]
+        if kind == "boolean":
+            values[name] = data.get(f"value_{name}") in {"on", "true", "1"}
+            continue
+        raw = data.get(f"value_{name}", "")
+        if raw == "":
+            continue
+        try:
+            if kind == "integer":
+                values[name] = int(raw)
+            elif kind == "number":
+                values[name] = float(raw)
+            else:
+                values[name] = raw
+        except ValueError:
+            values[name] = raw
+    return values

@@ -1,0 +1,135 @@
+"""Streaming a segment to a browser as NDJSON, and settling it ``abandoned`` if the browser leaves.
+
+``RunStream`` is the body of a ``StreamingHttpResponse``. On the first ``next()`` it starts the
+segment in a background thread (``start(observer=..., on_claim=...)``, one ``agentruns`` service
+call); the segment's observer hands each committed event to the response through a queue, so a
+step is written the moment its boundary committed. The body ends with exactly one terminal line
+(``end`` or ``error``).
+
+If the client goes away the WSGI server closes the body: ``close()`` then settles the run
+``failed`` / ``abandoned`` under the segment's own lease (``runs.run_abandon``), and the segment
+thread, whose next boundary write matches nothing, stops (lease lost). A write in flight is never
+cut off: with the fence stamped the abandon is refused and retried by the observer at the
+segment's next boundary, after the write's own event was recorded.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connections
+
+from agentruns.exceptions import LeaseholdError
+from agentruns.services import runs
+from agentruns.services.runtime import EventObserver, SegmentResult
+from agentruns.transitions import EventSpec, Lease
+
+logger = logging.getLogger(__name__)
+
+Start = Callable[..., SegmentResult]
+THREAD_PREFIX = "playground-stream"
+
+
+class RunStream:
+    """An iterator of NDJSON lines (bytes) for one segment; see the module docstring.
+
+    ``step_line(spec, run_uuid)``, ``end_line(result)`` and ``error_line(exc)`` turn what the
+    segment produced into the JSON objects written (rendered in the response's thread).
+    """
+
+    def __init__(
+        self,
+        start: Start,
+        *,
+        step_line: Callable[[EventSpec, str], dict[str, Any]],
+        end_line: Callable[[SegmentResult], dict[str, Any]],
+        error_line: Callable[[Exception], dict[str, Any]],
+    ) -> None:
+        self._start = start
+        self._step_line = step_line
+        self._end_line = end_line
+        self._error_line = error_line
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._lease: Lease | None = None
+        self._client_gone = False
+        self._abandoned = False
+        self._finished = False
+        self.thread: threading.Thread | None = None
+
+    # -- the response's side ------------------------------------------------------------------
+
+    def __iter__(self) -> RunStream:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._finished:
+            raise StopIteration
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._work, name=THREAD_PREFIX, daemon=True)
+            self.thread.start()
+        kind, item = self._queue.get()
+        if kind == "step":
+            spec, run_uuid = item
+            line = {"event": "step", **self._step_line(spec, run_uuid)}
+        elif kind == "end":
+            self._finished = True
+            line = {"event": "end", **self._end_line(item)}
+        else:
+            self._finished = True
+            line = {"event": "error", **self._error_line(item)}
+        return (json.dumps(line, default=str) + "\n").encode()
+
+    def close(self) -> None:
+        """Called by the server when the body is done or the client went away."""
+        if self._finished or self.thread is None:
+            return  # ended normally, or never started: no run was created
+        with self._lock:
+            self._client_gone = True
+        self._try_abandon()
+
+    # -- the segment's side (background thread) -------------------------------------------------
+
+    def _try_abandon(self) -> None:
+        with self._lock:
+            lease = self._lease
+            if lease is None or self._abandoned or not self._client_gone:
+                return
+        if runs.run_abandon(lease=lease):
+            with self._lock:
+                self._abandoned = True
+            logger.info("run %s abandoned: the client went away mid-stream", lease.uuid)
+
+    def _on_claim(self, lease: Lease) -> None:
+        with self._lock:
+            self._lease = lease
+        self._try_abandon()  # the client may have gone before the run existed
+
+    def _observe(self, spec: EventSpec) -> None:
+        with self._lock:
+            lease = self._lease
+        # A copy taken now: the segment keeps mutating what its payloads refer to (the dialogue).
+        snapshot = copy.deepcopy(spec)
+        self._queue.put(("step", (snapshot, str(lease.uuid) if lease else "")))
+        # A boundary just committed: the fence (if any) is clear, so an abandon refused while a
+        # write was in flight succeeds now.
+        self._try_abandon()
+
+    def _work(self) -> None:
+        observer: EventObserver = self._observe
+        try:
+            result = self._start(observer=observer, on_claim=self._on_claim)
+            self._queue.put(("end", result))
+        except LeaseholdError as exc:
+            self._queue.put(("error", exc))
+        except Exception as exc:  # the thread must always end the stream
+            logger.exception("playground stream failed")
+            self._queue.put(("error", exc))
+        finally:
+            connections.close_all()

@@ -1,0 +1,108 @@
+"""Presentation of a run's steps for the playground: the same shape for stored events (the batch
+trace) and for events streamed as they are recorded. Values are pre-formatted as text; the
+templates escape everything the model chose."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.template.loader import render_to_string
+from django.urls import NoReverseMatch, reverse
+
+from agentruns.models import AgentRun, EventKind
+
+# The approvals inbox's run timeline, if that app provides one (tried in order).
+TIMELINE_URL_NAMES = ("approvals:timeline", "approvals:run_timeline", "approvals:run")
+
+
+def pretty(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _message(message: Any) -> dict[str, Any]:
+    message = message if isinstance(message, dict) else {"role": "?", "content": pretty(message)}
+    calls = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        arguments = function.get("arguments", "")
+        try:
+            arguments = pretty(json.loads(arguments))
+        except (TypeError, ValueError):
+            arguments = str(arguments)
+        calls.append(
+            {"id": call.get("id", ""), "name": function.get("name", ""), "args": arguments}
+        )
+    content = message.get("content")
+    return {
+        "role": message.get("role", ""),
+        "content": content if isinstance(content, str) else pretty(content),
+        "tool_call_id": message.get("tool_call_id", ""),
+        "calls": calls,
+    }
+
+
+def step(
+    kind: str,
+    payload: Any,
+    *,
+    duration_ms: int | None = None,
+    sequence: int | None = None,
+    actor: str | None = None,
+) -> dict[str, Any]:
+    """One step of the trace as the ``playground/_step.html`` template expects it."""
+    p = payload if isinstance(payload, dict) else {}
+    ctx: dict[str, Any] = {
+        "kind": kind,
+        "p": p,
+        "duration_ms": duration_ms,
+        "sequence": sequence,
+        "actor": actor or p.get("decider") or "",
+        "payload_json": pretty(p),
+    }
+    if kind == EventKind.REQUEST:
+        ctx["round"] = int(p.get("iteration") or 0) + 1
+        ctx["messages"] = [_message(m) for m in p.get("messages") or []]
+    elif kind == EventKind.LLM:
+        usage = p.get("usage") or {}
+        ctx["usage"] = usage
+        ctx["calls"] = [
+            {"id": c.get("id", ""), "name": c.get("name", ""), "args": pretty(c.get("arguments"))}
+            for c in p.get("tool_calls") or []
+        ]
+    elif kind == EventKind.TOOL:
+        ctx["arguments_json"] = pretty(p.get("arguments", {}))
+        ctx["result_json"] = pretty(p.get("result")) if p.get("result") is not None else ""
+    elif kind == EventKind.INPUT:
+        ctx["values_json"] = pretty(p.get("values", {}))
+    return ctx
+
+
+def render_step(ctx: dict[str, Any]) -> str:
+    return render_to_string("playground/_step.html", {"step": ctx})
+
+
+def stored_steps(events: Any) -> list[dict[str, Any]]:
+    return [
+        step(
+            e.kind,
+            e.payload,
+            duration_ms=e.duration_ms,
+            sequence=e.sequence,
+            actor=e.actor.get_username() if e.actor_id else None,
+        )
+        for e in events
+    ]
+
+
+def timeline_url(run: AgentRun) -> str:
+    """The approvals inbox's timeline of ``run``; the admin's run page until that exists."""
+    for name in TIMELINE_URL_NAMES:
+        for kwargs in ({"uuid": run.uuid}, {"run_uuid": run.uuid}):
+            try:
+                return reverse(name, kwargs=kwargs)
+            except NoReverseMatch:
+                continue
+    return reverse("admin:agentruns_agentrun_change", args=[run.pk])

@@ -1,0 +1,250 @@
+"""The playground's pages: run a configuration batch or streamed, watch its trace, decide.
+
+Views parse, call one ``agentruns`` service or selector, and render. Allowed: staff with
+``agentruns.use_playground`` (superusers implicitly); anyone else is sent to the admin login.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import user_passes_test
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from agentruns import selectors
+from agentruns.exceptions import InvalidRequest, LeaseholdError, RunNotFound
+from agentruns.models import AgentRun
+from agentruns.services import runs
+from agentruns.services.runtime import SegmentResult
+from agentruns.transitions import EventSpec
+from playground import trace
+from playground.forms import RunForm, input_fields, input_values
+from playground.stream import RunStream
+
+PERMISSION = "agentruns.use_playground"
+HISTORY_LENGTH = 20
+NDJSON = "application/x-ndjson"
+
+
+def may_use_playground(user: Any) -> bool:
+    return bool(user.is_active and user.is_staff and user.has_perm(PERMISSION)) or bool(
+        user.is_active and user.is_superuser
+    )
+
+
+playground_required = user_passes_test(may_use_playground, login_url="admin:login")
+
+
+# --- Rendering helpers ---------------------------------------------------------------------------
+
+
+def _pending_context(run: AgentRun) -> dict[str, Any]:
+    turn = run.pending_turn if isinstance(run.pending_turn, dict) else {}
+    context: dict[str, Any] = {"run": run, "turn": turn, "timeline_url": trace.timeline_url(run)}
+    if turn.get("kind") == "approval":
+        context["calls"] = [
+            {**call, "args": trace.pretty(call.get("arguments", {}))}
+            for call in turn.get("calls") or []
+        ]
+    elif turn.get("kind") == "input":
+        call = turn.get("call") or {}
+        context["input_call"] = {**call, "args": trace.pretty(call.get("arguments", {}))}
+        context["input_fields"] = input_fields(turn.get("input_schema"))
+    return context
+
+
+def _outcome_html(request: HttpRequest, run: AgentRun, outcome: str = "") -> str:
+    return render_to_string(
+        "playground/_outcome.html", {**_pending_context(run), "outcome": outcome}, request=request
+    )
+
+
+def _page(request: HttpRequest, form: RunForm, *, status: int = 200) -> HttpResponse:
+    history = selectors.run_list(initiator_id=request.user.pk)[:HISTORY_LENGTH]
+    rows = [{"run": run, "timeline_url": trace.timeline_url(run)} for run in history]
+    return render(request, "playground/index.html", {"form": form, "history": rows}, status=status)
+
+
+def _stream(request: HttpRequest, start: Callable[..., SegmentResult]) -> StreamingHttpResponse:
+    def step_line(spec: EventSpec, run_uuid: str) -> dict[str, Any]:
+        ctx = trace.step(spec.kind, spec.payload, duration_ms=spec.duration_ms)
+        return {
+            "run": run_uuid,
+            "kind": spec.kind,
+            "payload": spec.payload,
+            "duration_ms": spec.duration_ms,
+            "html": trace.render_step(ctx),
+        }
+
+    def end_line(result: SegmentResult) -> dict[str, Any]:
+        run = result.run
+        return {
+            "run": str(run.uuid),
+            "outcome": result.outcome,
+            "status": run.status,
+            "termination_reason": run.termination_reason,
+            "output": run.output,
+            "url": reverse("playground:run", args=[run.uuid]),
+            "html": _outcome_html(request, run, result.outcome),
+        }
+
+    def error_line(exc: Exception) -> dict[str, Any]:
+        if isinstance(exc, LeaseholdError):
+            return exc.as_dict()
+        return {"code": "internal_error", "message": "the run could not be streamed"}
+
+    response = StreamingHttpResponse(
+        RunStream(start, step_line=step_line, end_line=end_line, error_line=error_line),
+        content_type=NDJSON,
+    )
+    response["X-Accel-Buffering"] = "no"
+    response["Cache-Control"] = "no-cache"
+    return response
+
+
+def _stream_refused(exc: LeaseholdError, status: int | None = None) -> JsonResponse:
+    return JsonResponse(
+        {"event": "error", **exc.as_dict()}, status=status or exc.status, content_type=NDJSON
+    )
+
+
+def _bool(value: str | None) -> bool | None:
+    return {"1": True, "true": True, "0": False, "false": False}.get((value or "").lower())
+
+
+# --- Pages ---------------------------------------------------------------------------------------
+
+
+@require_GET
+@playground_required
+def index(request: HttpRequest) -> HttpResponse:
+    return _page(request, RunForm())
+
+
+@require_POST
+@playground_required
+def run_batch(request: HttpRequest) -> HttpResponse:
+    """Run to the end (or a pause) in this request, then show the trace. Works without JS."""
+    form = RunForm(request.POST)
+    if not form.is_valid():
+        return _page(request, form, status=400)
+    try:
+        result = runs.run_start_sync(initiator=request.user, **form.start_arguments())
+    except LeaseholdError as exc:
+        form.add_error(None, exc.message)
+        return _page(request, form, status=exc.status)
+    return redirect("playground:run", result.run.uuid)
+
+
+@require_POST
+@playground_required
+def run_stream(request: HttpRequest) -> HttpResponse:
+    """The same run, streamed: NDJSON ``step`` lines as they are recorded, then one terminal."""
+    form = RunForm(request.POST)
+    if not form.is_valid():
+        return _stream_refused(
+            InvalidRequest("the form is not valid", errors=form.errors.get_json_data())
+        )
+    return _stream(
+        request,
+        functools.partial(runs.run_start_sync, initiator=request.user, **form.start_arguments()),
+    )
+
+
+@require_GET
+@playground_required
+def run_detail(request: HttpRequest, uuid: str) -> HttpResponse:
+    try:
+        run = selectors.run_get(run_uuid=uuid)
+    except RunNotFound as exc:
+        raise Http404(exc.message) from exc
+    steps = trace.stored_steps(selectors.run_events(run=run))
+    return render(
+        request,
+        "playground/run.html",
+        {
+            **_pending_context(run),
+            "steps": [trace.render_step(s) for s in steps],
+            "outcome_html": _outcome_html(request, run),
+        },
+    )
+
+
+def _decide_start(request: HttpRequest, uuid: str) -> Callable[..., SegmentResult]:
+    approved = _bool(request.POST.get("approved"))
+    if approved is None:
+        raise InvalidRequest("approved must be 1 or 0", field="approved")
+    return functools.partial(
+        runs.run_decide,
+        run_uuid=uuid,
+        actor=request.user,
+        approved=approved,
+        turn_digest=request.POST.get("turn_digest") or None,
+        mode="inline",
+    )
+
+
+def _input_start(request: HttpRequest, uuid: str) -> Callable[..., SegmentResult]:
+    run = selectors.run_get(run_uuid=uuid)
+    turn = run.pending_turn if isinstance(run.pending_turn, dict) else {}
+    return functools.partial(
+        runs.run_submit_input,
+        run_uuid=uuid,
+        actor=request.user,
+        values=input_values(turn.get("input_schema"), request.POST),
+        turn_digest=request.POST.get("turn_digest") or None,
+        mode="inline",
+    )
+
+
+def _batch_continue(
+    request: HttpRequest, uuid: str, build: Callable[[HttpRequest, str], Callable[..., Any]]
+) -> HttpResponse:
+    try:
+        build(request, uuid)()
+    except LeaseholdError as exc:
+        messages.error(request, exc.message)
+    return redirect("playground:run", uuid)
+
+
+def _stream_continue(
+    request: HttpRequest, uuid: str, build: Callable[[HttpRequest, str], Callable[..., Any]]
+) -> HttpResponse:
+    try:
+        start = build(request, uuid)
+    except LeaseholdError as exc:
+        return _stream_refused(exc)
+    return _stream(request, start)
+
+
+@require_POST
+@playground_required
+def decide(request: HttpRequest, uuid: str) -> HttpResponse:
+    """Approve or deny the pending turn and continue inline; then show the trace."""
+    return _batch_continue(request, uuid, _decide_start)
+
+
+@require_POST
+@playground_required
+def decide_stream(request: HttpRequest, uuid: str) -> HttpResponse:
+    """Approve or deny, and stream the inline continuation."""
+    return _stream_continue(request, uuid, _decide_start)
+
+
+@require_POST
+@playground_required
+def submit_input(request: HttpRequest, uuid: str) -> HttpResponse:
+    return _batch_continue(request, uuid, _input_start)
+
+
+@require_POST
+@playground_required
+def submit_input_stream(request: HttpRequest, uuid: str) -> HttpResponse:
+    return _stream_continue(request, uuid, _input_start)

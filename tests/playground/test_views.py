@@ -1,0 +1,254 @@
+"""The playground pages without streaming: access, the batch run and its trace, deciding."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from agentruns.models import AgentRun, EventKind, Status
+from agentruns.services import runs
+from playground.models import Note
+from tests.agentruns.api_support import (
+    APPROVAL_SCRIPT,
+    INPUT_SCRIPT,
+    config,
+    digest,
+    waiting_for_approval,
+)
+from tests.agentruns.factories import UserFactory
+from tests.playground.conftest import USE
+
+pytestmark = pytest.mark.django_db
+
+TOOL_SCRIPT = [
+    {"tool_calls": [{"name": "list_notes", "arguments": {}}], "usage": {"prompt_tokens": 11}},
+    {"content": "There are no notes.", "usage": {"prompt_tokens": 17, "completion_tokens": 5}},
+]
+
+
+def start(client: Client, **data) -> object:
+    return client.post("/playground/run/", {"mode": "batch", **data})
+
+
+# --- Access ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "user_kwargs",
+    [
+        None,  # anonymous
+        {"username": "staff-without-permission"},
+        {"username": "outsider", "is_staff": False, "permissions": [USE]},
+    ],
+)
+def test_others_are_sent_to_the_admin_login(client, user_kwargs):
+    if user_kwargs is not None:
+        client.force_login(UserFactory(**user_kwargs))
+    for response in [client.get("/playground/"), start(client, prompt="x")]:
+        assert response.status_code == 302
+        assert response["Location"].startswith("/admin/login/")
+
+
+def test_superusers_may_use_it_implicitly(client):
+    client.force_login(UserFactory(username="root", is_superuser=True))
+    assert client.get("/playground/").status_code == 200
+
+
+def test_developers_see_the_form(dev_client):
+    config("hello", [{"content": "hi"}])
+    html = dev_client.get("/playground/").content.decode()
+    assert 'name="configuration"' in html and "hello" in html
+    assert 'name="tools"' in html and "create_note" in html
+    assert 'name="system_prompt"' in html and 'name="max_iterations"' in html
+    assert "csrfmiddlewaretoken" in html
+
+
+def test_forms_need_the_csrf_token(developer):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(developer)
+    config("hello", [{"content": "hi"}])
+    assert start(client, configuration="hello", prompt="p").status_code == 403
+    assert client.post("/playground/stream/", {"configuration": "hello"}).status_code == 403
+    assert not AgentRun.objects.exists()
+
+
+# --- The batch run and its trace ---------------------------------------------------------------
+
+
+def test_a_batch_run_renders_the_finished_trace(dev_client, developer):
+    config("notes-reader", TOOL_SCRIPT, system_prompt="You keep notes.")
+    response = start(dev_client, configuration="notes-reader", prompt="How many notes?")
+    run = AgentRun.objects.get()
+    assert response.status_code == 302
+    assert response["Location"] == f"/playground/runs/{run.uuid}/"
+    assert run.initiator == developer and run.status == Status.COMPLETED
+
+    html = dev_client.get(response["Location"]).content.decode()
+    assert "Round 1" in html and "Round 2" in html
+    assert "You keep notes." in html and "How many notes?" in html  # messages sent
+    assert "There are no notes." in html  # the model's answer
+    assert "11 prompt" in html and "17 prompt + 5 completion tokens" in html
+    assert "list_notes" in html and "effect-read" in html
+    tool = run.events.get(kind=EventKind.TOOL)
+    assert f"{tool.duration_ms} ms" in html
+    assert "&quot;notes&quot;: []" in html  # the tool's result
+
+
+def test_options_narrow_tools_override_the_prompt_and_cap_rounds(dev_client):
+    config("loop", [{"tool_calls": [{"name": "list_notes"}]}] * 3 + [{"content": "capped"}])
+    start(
+        dev_client,
+        configuration="loop",
+        prompt="p",
+        tools=["list_notes", "read_note"],
+        system_prompt="Be brief.",
+        max_iterations="1",
+    )
+    run = AgentRun.objects.get()
+    assert run.request["tools"] == ["list_notes", "read_note"]
+    requests = list(run.events.filter(kind=EventKind.REQUEST).order_by("sequence"))
+    assert requests[0].payload["tools"] == ["list_notes", "read_note"]
+    assert requests[0].payload["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert run.termination_reason == "max_iterations" and run.truncated
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"configuration": "hello", "prompt": ""},
+        {"configuration": "nope", "prompt": "p"},
+        {"configuration": "hello", "prompt": "p", "max_iterations": "21"},
+        {"configuration": "hello", "prompt": "p", "tools": ["no_such_tool"]},
+    ],
+)
+def test_invalid_forms_are_shown_again_with_errors(dev_client, data):
+    config("hello", [{"content": "hi"}])
+    response = start(dev_client, **data)
+    assert response.status_code == 400
+    assert "errorlist" in response.content.decode()
+    assert not AgentRun.objects.exists()
+
+
+def test_a_tool_the_configuration_does_not_allow_is_refused_by_the_service(dev_client):
+    config("limited", [{"content": "hi"}], tools=["list_notes"])
+    response = start(dev_client, configuration="limited", prompt="p", tools=["create_note"])
+    assert response.status_code == 400
+    assert "not available to this configuration" in response.content.decode()
+
+
+def test_model_chosen_text_is_escaped(dev_client):
+    evil = "<script>alert(1)</script>"
+    config(
+        "evil",
+        [
+            {"tool_calls": [{"name": "create_note", "arguments": {"title": evil, "body": evil}}]},
+        ],
+    )
+    response = start(dev_client, configuration="evil", prompt=evil)
+    html = dev_client.get(response["Location"]).content.decode()
+    assert evil not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_history_lists_only_my_runs_with_links_to_the_timeline(dev_client, developer):
+    config("hello", [{"content": "hi"}])
+    mine = runs.run_start_sync(configuration="hello", prompt="mine", initiator=developer).run
+    theirs = runs.run_start_sync(configuration="hello", prompt="theirs").run
+    html = dev_client.get("/playground/").content.decode()
+    assert f"/playground/runs/{mine.uuid}/" in html
+    assert f"/admin/approvals/runs/{mine.uuid}/" in html or (
+        f"/admin/agentruns/agentrun/{mine.pk}/change/" in html
+    )
+    assert str(theirs.uuid) not in html
+
+
+def test_an_unknown_run_page_is_404(dev_client):
+    assert (
+        dev_client.get("/playground/runs/00000000-0000-0000-0000-000000000000/").status_code == 404
+    )
+
+
+# --- Deciding right there ---------------------------------------------------------------------
+
+
+def test_a_suspended_run_shows_its_pending_turn_with_approve_and_deny(dev_client):
+    start(dev_client, configuration=config("notes", APPROVAL_SCRIPT).slug, prompt="note it")
+    run = AgentRun.objects.get()
+    assert run.status == Status.WAITING_FOR_APPROVAL
+    html = dev_client.get(f"/playground/runs/{run.uuid}/").content.decode()
+    assert "Waiting for approval" in html
+    assert f'value="{digest(run)}"' in html
+    assert 'name="approved" value="1"' in html and 'name="approved" value="0"' in html
+    assert f"/playground/runs/{run.uuid}/decision/stream/" in html
+    assert "effect-non_idempotent_write" in html
+
+
+def test_approving_continues_inline_and_shows_the_result(dev_client, developer):
+    run = waiting_for_approval(user=developer)
+    response = dev_client.post(
+        f"/playground/runs/{run.uuid}/decision/", {"approved": "1", "turn_digest": digest(run)}
+    )
+    assert response.status_code == 302
+    run.refresh_from_db()
+    assert run.status == Status.COMPLETED and Note.objects.count() == 1
+    html = dev_client.get(response["Location"]).content.decode()
+    assert "Approved" in html and "created" in html
+
+
+def test_denying_runs_nothing(dev_client):
+    run = waiting_for_approval()
+    dev_client.post(
+        f"/playground/runs/{run.uuid}/decision/", {"approved": "0", "turn_digest": digest(run)}
+    )
+    run.refresh_from_db()
+    assert run.status == Status.COMPLETED and not Note.objects.exists()
+
+
+def test_a_stale_decision_is_refused_with_a_message(dev_client):
+    run = waiting_for_approval()
+    response = dev_client.post(
+        f"/playground/runs/{run.uuid}/decision/",
+        {"approved": "1", "turn_digest": "0" * 64},
+        follow=True,
+    )
+    assert "review again" in response.content.decode()
+    assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_APPROVAL
+
+
+def test_deciding_needs_the_decide_permission(client):
+    client.force_login(UserFactory(username="tinkerer", permissions=[USE]))
+    run = waiting_for_approval()
+    response = client.post(
+        f"/playground/runs/{run.uuid}/decision/",
+        {"approved": "1", "turn_digest": digest(run)},
+        follow=True,
+    )
+    assert "decide_agentrun" in response.content.decode()
+    assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_APPROVAL
+
+
+def test_the_input_form_is_rendered_and_its_values_typed(dev_client):
+    start(dev_client, configuration=config("asker", INPUT_SCRIPT).slug, prompt="ask")
+    run = AgentRun.objects.get()
+    html = dev_client.get(f"/playground/runs/{run.uuid}/").content.decode()
+    assert 'name="value_answer"' in html and 'name="value_priority"' in html
+    assert 'type="number"' in html
+
+    refused = dev_client.post(
+        f"/playground/runs/{run.uuid}/input/",
+        {"turn_digest": digest(run), "value_priority": "2"},
+        follow=True,
+    )
+    assert "do not match the input schema" in refused.content.decode()
+    assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_INPUT
+
+    dev_client.post(
+        f"/playground/runs/{run.uuid}/input/",
+        {"turn_digest": digest(run), "value_answer": "blue", "value_priority": "2"},
+    )
+    run.refresh_from_db()
+    assert run.status == Status.COMPLETED
+    assert run.events.get(kind=EventKind.INPUT).payload["values"] == {
+        "answer": "blue",
+        "priority": 2,
+    }
