@@ -25,7 +25,11 @@ def send_wakeup(run_uuid: str, *, delay_seconds: float = 0) -> None:
     from django_q.tasks import async_task
 
     if delay_seconds <= 0:
-        async_task(TASK, str(run_uuid), group="agentruns")
+        # In a transaction: outside one, django-q2's ORM broker calls close_old_connections()
+        # first, which with CONN_MAX_AGE=0 reconnects to the database for every task sent.
+        # (No savepoint of its own: inside a caller's transaction it is simply part of it.)
+        with transaction.atomic(savepoint=False):
+            async_task(TASK, str(run_uuid), group="agentruns")
         return
     Schedule.objects.create(
         func=TASK,

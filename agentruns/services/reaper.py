@@ -202,14 +202,32 @@ def _judge(run: AgentRun, *, identity: str, dry_run: bool) -> RunVerdict:
     )
 
 
-def _wake_reclaimed(run: AgentRun, verdict: RunVerdict, identity: str) -> RunVerdict:
-    """Send a reclaimed run's wake-up (its batch has committed); settle it if that fails."""
+def _send_wakeups(runs: list[AgentRun]) -> dict[int, str]:
+    """Send the wake-ups of a committed batch; the error text of each one that failed.
+
+    One transaction for the batch (with the ORM broker the task rows commit together, and no
+    commit per run), a savepoint per send so one failure does not undo the others. If the commit
+    itself fails, none was sent.
+    """
+    failures: dict[int, str] = {}
     try:
-        dispatch.send_wakeup(str(run.uuid))
-        return verdict
+        with transaction.atomic():
+            for run in runs:
+                try:
+                    with transaction.atomic():
+                        dispatch.send_wakeup(str(run.uuid))
+                except Exception as exc:
+                    logger.exception("reaper: could not send the wake-up for run %s", run.uuid)
+                    failures[run.pk] = f"{type(exc).__name__}: {exc}"[:500]
     except Exception as exc:
-        logger.exception("reaper: could not send the wake-up for run %s", run.uuid)
-        error = {"type": "DispatchFailed", "message": f"{type(exc).__name__}: {exc}"[:500]}
+        logger.exception("reaper: the batch of wake-ups could not be committed")
+        failures = {run.pk: f"{type(exc).__name__}: {exc}"[:500] for run in runs}
+    return failures
+
+
+def _settle_unsent(run: AgentRun, verdict: RunVerdict, message: str, identity: str) -> RunVerdict:
+    """A reclaimed run whose wake-up was not sent: settle it rather than leave it queued."""
+    error = {"type": "DispatchFailed", "message": message}
     settled = transitions.run_settle_undispatched(
         run_id=run.pk,
         lease_epoch=run.lease_epoch,
@@ -234,7 +252,7 @@ def _wake_reclaimed(run: AgentRun, verdict: RunVerdict, identity: str) -> RunVer
         rule=Rule.RECLAIM,
         verdict=Verdict.DEAD_LETTERED,
         result=f"{Status.FAILED.value}/{TerminationReason.NOT_RETRYABLE.value}",
-        detail="wake-up not sent: " + error["message"],
+        detail="wake-up not sent: " + message,
     )
 
 
@@ -254,8 +272,10 @@ def _batch(
             if verdict.verdict == Verdict.REQUEUED and not dry_run:
                 reclaimed.append((run, len(verdicts)))
             verdicts.append(verdict)
+    failures = _send_wakeups([run for run, _ in reclaimed]) if reclaimed else {}
     for run, position in reclaimed:
-        verdicts[position] = _wake_reclaimed(run, verdicts[position], identity)
+        if run.pk in failures:
+            verdicts[position] = _settle_unsent(run, verdicts[position], failures[run.pk], identity)
     cursor = (runs[-1].lease_expires, runs[-1].pk) if runs else after
     return verdicts, cursor
 
@@ -285,7 +305,8 @@ def redispatch_unclaimed(*, identity: str | None = None, limit: int = REDISPATCH
         if not marked:
             continue
         try:
-            dispatch.send_wakeup(str(run_uuid))
+            with transaction.atomic():
+                dispatch.send_wakeup(str(run_uuid))
         except Exception:
             logger.exception("reaper: could not redispatch run %s; next pass retries", run_uuid)
             continue

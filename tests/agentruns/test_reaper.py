@@ -200,18 +200,41 @@ def test_a_reclaimed_run_whose_wake_up_cannot_be_sent_is_settled_not_left_queued
 
 def test_a_failed_send_does_not_settle_a_run_a_worker_already_claimed(monkeypatch):
     run = AgentRunFactory(stale=True)
+    real_settle = transitions.run_settle_undispatched
 
-    def claimed_then_broken(run_uuid, **kwargs):
-        # A duplicate task reached a worker between the commit and the send.
-        assert transitions.run_claim_queued(run_id=run.pk, identity="worker:other:2")
+    def broken(run_uuid, **kwargs):
         raise ConnectionError("broker down")
 
-    monkeypatch.setattr(dispatch, "send_wakeup", claimed_then_broken)
+    def claimed_first(**kwargs):
+        # A duplicate task reached a worker between the reclaim's commit and the settle.
+        assert transitions.run_claim_queued(run_id=run.pk, identity="worker:other:2")
+        return real_settle(**kwargs)
+
+    monkeypatch.setattr(dispatch, "send_wakeup", broken)
+    monkeypatch.setattr(transitions, "run_settle_undispatched", claimed_first)
     report = reaper.reap_stale_runs()
 
     run.refresh_from_db()
     assert run.status == Status.RUNNING and run.claimed_by == "worker:other:2"
     assert only_verdict(report, run).verdict == Verdict.REQUEUED
+
+
+def test_one_failed_send_does_not_undo_the_other_wake_ups_of_its_batch(monkeypatch):
+    unlucky, lucky = AgentRunFactory(stale=True), AgentRunFactory(stale=True)
+    real_send = dispatch.send_wakeup
+
+    def flaky(run_uuid, **kwargs):
+        real_send(run_uuid, **kwargs)  # the task row is written, then the send fails
+        if run_uuid == str(unlucky.uuid):
+            raise ConnectionError("broker hiccup")
+
+    monkeypatch.setattr(dispatch, "send_wakeup", flaky)
+    reaper.reap_stale_runs()
+
+    unlucky.refresh_from_db()
+    lucky.refresh_from_db()
+    assert (unlucky.status, lucky.status) == (Status.FAILED, Status.QUEUED)
+    assert queued_task_uuids() == [str(lucky.uuid)]
 
 
 # --- What every rule shares --------------------------------------------------------------------

@@ -1,0 +1,214 @@
+#!/usr/bin/env python
+"""One reaper pass over tables of 10k, 100k and 1M runs with 1% stale (issue #4 §6).
+
+    DATABASE_URL=postgres://root@127.0.0.1:5432/test .venv/bin/python benchmarks/reaper_scale.py
+    ... benchmarks/reaper_scale.py --sizes 10000,100000      # skip the million
+
+Creates (and drops) a THROWAWAY PostgreSQL database ``leasehold_reaper_<pid>`` on the server of
+``DATABASE_URL``; nothing else is touched. For each size the table holds, by ``id % 100``:
+1 stale running run (lease expired 5 minutes ago; a tenth of them fenced mid non-idempotent
+write), 3 live running runs, 5 queued runs (recent, so nothing to redispatch) and 91 completed
+runs. Then it prints
+
+* the plan of the reaper's batch query (``EXPLAIN ANALYZE`` inside a rolled-back transaction):
+  it must use the ``(status, lease_expires)`` index ``agentrun_status_lease``;
+* the time of the selector alone (all stale rows, no lock) and of one full pass
+  (``reap_stale_runs``: judge, guarded transition, ``reaper`` event, wake-up per run, then the
+  redispatch query), beside a floor measured in the same run: the same number of raw guarded
+  single-row ``UPDATE``s through psycopg, one transaction each.
+
+Stale runs carry no events (rehydrating a long transcript costs one indexed read per run more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+INDEX = "agentrun_status_lease"
+
+
+@contextmanager
+def throwaway_database(server_url: str) -> Iterator[str]:
+    import psycopg
+
+    name = f"leasehold_reaper_{os.getpid()}"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield urlunsplit(urlsplit(server_url)._replace(path=f"/{name}"))
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        with psycopg.connect(server_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def setup_django(url: str) -> None:
+    os.environ["DATABASE_URL"] = url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.production"
+    os.environ.setdefault("DJANGO_SECRET_KEY", "benchmark-only")
+    os.environ.setdefault("LOG_LEVEL", "ERROR")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+def grow_table(total: int) -> None:
+    """Grow the run table to ``total`` rows, copying a template row (every column Django knows)."""
+    from django.db import connection
+
+    from agentruns.models import AgentConfiguration, AgentRun, Status
+
+    current = AgentRun.objects.count()
+    if current >= total:
+        return
+    if current == 0:
+        configuration = AgentConfiguration.objects.create(slug="bench", name="bench")
+        AgentRun.objects.create(configuration=configuration, prompt="p", status=Status.COMPLETED)
+        current = 1
+    table = AgentRun._meta.db_table
+    columns = [f.column for f in AgentRun._meta.concrete_fields if f.column not in ("id", "uuid")]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (uuid, {', '.join(columns)}) "
+            f"SELECT gen_random_uuid(), {', '.join('t.' + c for c in columns)} "
+            f"FROM (SELECT * FROM {table} ORDER BY id LIMIT 1) t, generate_series(1, %s)",
+            [total - current],
+        )
+
+
+def reset_states() -> int:
+    """Put every row in its state by ``id % 100``; forget events and queued tasks. Returns the
+    number of stale runs."""
+    from django.db import connection
+
+    from agentruns.models import AgentRun
+
+    table = AgentRun._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE agentruns_agentrunevent, django_q_ormq")
+        cursor.execute(
+            f"""
+            UPDATE {table} SET
+              status = CASE WHEN id % 100 < 4 THEN 'running'
+                            WHEN id % 100 < 9 THEN 'queued' ELSE 'completed' END,
+              termination_reason = CASE WHEN id % 100 < 9 THEN '' ELSE 'completed' END,
+              lease_expires = CASE WHEN id % 100 = 0 THEN now() - interval '5 minutes'
+                                   WHEN id % 100 < 4 THEN now() + interval '1 hour' END,
+              claimed_by = CASE WHEN id % 100 < 4 THEN 'worker:bench:' || id ELSE '' END,
+              lease_epoch = CASE WHEN id % 100 < 4 THEN 1 ELSE 0 END,
+              pending_effect = CASE WHEN id % 1000 = 0 THEN 'non_idempotent_write' ELSE '' END,
+              pending_call = CASE WHEN id % 1000 = 0
+                THEN '{{"id": "call_0_0", "name": "call_webhook", "arguments": {{}}}}'::jsonb
+                END,
+              pending_turn = NULL, requeue_count = 0, loop_state = '{{}}'::jsonb,
+              updated_at = now()
+            """
+        )
+        cursor.execute(f"ANALYZE {table}")
+        cursor.execute(f"SELECT count(*) FROM {table} WHERE id % 100 = 0")
+        return cursor.fetchone()[0]
+
+
+def batch_plan() -> str:
+    from django.db import connection, transaction
+
+    from agentruns import selectors
+    from agentruns.services.reaper import BATCH_SIZE
+
+    with transaction.atomic():
+        queryset = selectors.stale_runs().select_for_update(skip_locked=True, of=("self",))
+        sql, params = queryset[:BATCH_SIZE].query.sql_with_params()
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + sql, params)
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    return plan
+
+
+def time_selector() -> tuple[int, float]:
+    from agentruns import selectors
+
+    started = time.perf_counter()
+    count = len(list(selectors.stale_runs().values_list("pk", flat=True)))
+    return count, time.perf_counter() - started
+
+
+def raw_floor(url: str, stale: int) -> float:
+    """Seconds for ``stale`` guarded single-row UPDATEs, one transaction each (psycopg)."""
+    import psycopg
+
+    from agentruns.models import AgentRun
+
+    table = AgentRun._meta.db_table
+    with psycopg.connect(url, autocommit=True) as conn:
+        ids = [r[0] for r in conn.execute(f"SELECT id FROM {table} WHERE id % 100 = 0")]
+        started = time.perf_counter()
+        for run_id in ids[:stale]:
+            conn.execute(
+                f"UPDATE {table} SET status = 'queued', claimed_by = '', "
+                "requeue_count = requeue_count + 1, updated_at = now() "
+                "WHERE id = %s AND status = 'running' AND lease_expires < now()",
+                [run_id],
+            )
+        return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000,100000,1000000")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    server = os.environ.get("DATABASE_URL", "postgres://root@127.0.0.1:5432/postgres")
+    if not server.startswith(("postgres://", "postgresql://")):
+        sys.exit("reaper_scale needs a PostgreSQL DATABASE_URL")
+
+    with throwaway_database(server) as url:
+        setup_django(url)
+        from agentruns.services import reaper
+
+        rows = []
+        for size in sizes:
+            started = time.perf_counter()
+            grow_table(size)
+            stale = reset_states()
+            prepared = time.perf_counter() - started
+            plan = batch_plan()
+            print(f"\n=== {size:,} runs, {stale:,} stale (table prepared in {prepared:.1f}s)")
+            print(plan)
+            if INDEX not in plan:
+                print(f"!!! the batch query did NOT use {INDEX}")
+            found, selector_s = time_selector()
+            started = time.perf_counter()
+            report = reaper.reap_stale_runs()
+            pass_s = time.perf_counter() - started
+            print(report.summary())
+            reset_states()
+            floor_s = raw_floor(url, stale)
+            rows.append((size, found, selector_s, pass_s, floor_s, INDEX in plan))
+
+        print("\nruns        stale   select all   one pass   per run   raw UPDATE floor   index")
+        for size, found, selector_s, pass_s, floor_s, used in rows:
+            print(
+                f"{size:>9,} {found:>7,} {selector_s * 1000:>9.1f}ms {pass_s:>9.2f}s "
+                f"{pass_s / max(found, 1) * 1000:>7.2f}ms {floor_s:>10.2f}s "
+                f"({floor_s / max(found, 1) * 1000:.2f}ms/run)   {'yes' if used else 'NO'}"
+            )
+
+
+if __name__ == "__main__":
+    main()
