@@ -123,13 +123,14 @@ class RunStream:
 
     def _work(self) -> None:
         observer: EventObserver = self._observe
+        terminal: tuple[str, Any] = ("error", RuntimeError("the segment ended without a result"))
         try:
-            result = self._start(observer=observer, on_claim=self._on_claim)
-            self._queue.put(("end", result))
+            terminal = ("end", self._start(observer=observer, on_claim=self._on_claim))
         except LeaseholdError as exc:
-            self._queue.put(("error", exc))
-        except Exception as exc:  # the thread must always end the stream
+            terminal = ("error", exc)
+        except Exception as exc:
             logger.exception("playground stream failed")
-            self._queue.put(("error", exc))
+            terminal = ("error", exc)
         finally:
             connections.close_all()
+            self._queue.put(terminal)  # always exactly one terminal item: the body never hangs
