@@ -83,13 +83,19 @@ class _Stop(Exception):
 # --- The fence hook ----------------------------------------------------------------------------
 
 
-def before_tool(*, effect: str, lease: transitions.Lease | None, call: dict[str, Any]) -> None:
+def before_tool(
+    *,
+    effect: str,
+    lease: transitions.Lease | None,
+    call: dict[str, Any],
+    loop_state: dict[str, Any] | None = None,
+) -> None:
     """The before-tool hook, installed on every path that executes a tool.
 
     A write effect needs a persisted, leased run: without one it raises
-    ``WriteWithoutDurableExecution`` before the tool body can run. With one it stamps the fence;
-    a stamp that matches no row means the lease is lost and the write does not start. Reads cost
-    nothing.
+    ``WriteWithoutDurableExecution`` before the tool body can run. With one it stamps the fence
+    (saving ``loop_state`` with it when given); a stamp that matches no row means the lease is
+    lost and the write does not start. Reads cost nothing.
     """
     if effect not in WRITE_EFFECTS:
         return
@@ -97,7 +103,7 @@ def before_tool(*, effect: str, lease: transitions.Lease | None, call: dict[str,
         raise WriteWithoutDurableExecution(
             f"{call.get('name')!r} is a {effect} and this segment holds no lease on a persisted run"
         )
-    if not transitions.run_stamp_fence(lease, effect=effect, call=call):
+    if not transitions.run_stamp_fence(lease, effect=effect, call=call, loop_state=loop_state):
         raise _Stop(Outcome.LEASE_LOST, at="fence")
 
 
@@ -110,6 +116,7 @@ def execute_tool_call(
     lease: transitions.Lease | None,
     initiator_id: int | None,
     run_uuid: Any,
+    loop_state: dict[str, Any] | None = None,
 ) -> tuple[ToolResult, int, bool]:
     """Run one tool call behind the fence hook. Returns the result, its duration and whether
     the lease was lost while it ran (the ticker's verdict).
@@ -118,7 +125,7 @@ def execute_tool_call(
     """
     effect = tool.effect if tool is not None else Effect.NON_IDEMPOTENT_WRITE
     call = {"id": call_id, "name": name, "arguments": arguments, "effect": str(effect)}
-    before_tool(effect=effect, lease=lease, call=call)
+    before_tool(effect=effect, lease=lease, call=call, loop_state=loop_state)
     context = ToolContext(
         run_uuid=run_uuid,
         call_id=call_id,
@@ -231,7 +238,12 @@ class RunSegment:
 
     def _loop(self) -> None:
         decision_events = self._apply_decision()
-        self._boundary(decision_events)
+        if decision_events:
+            self._boundary(decision_events)
+        # Otherwise no boundary here: the claim that started this segment just renewed the
+        # lease, and the next step's boundary or fence stamp saves the state (with the decision
+        # applied) and notices a cancel. Should the segment die before that, only reads can
+        # have run, and the next segment re-applies the stored decision (idempotent).
         cap = self._round_cap()
         while True:
             if self.state.get("turn"):
@@ -385,6 +397,9 @@ class RunSegment:
                 lease=self.lease,
                 initiator_id=self.run.initiator_id,
                 run_uuid=self.run.uuid,
+                # The stamp also saves the state: a decision applied by this segment is durable
+                # before the write starts (a reconciliation must find the turn approved).
+                loop_state=self.state,
             )
         except _Stop as stop:
             if stop.outcome == Outcome.LEASE_LOST:  # the fence stamp matched no row

@@ -1,14 +1,22 @@
 """The background heartbeat that keeps a lease alive while a provider or tool call is in flight.
 
-It renews every third of the lease on its own database connection (closed when it stops). A
-renewal that matches no row marks the lease lost; the segment checks ``lost`` after the call
-and stops before its next side effect (RUNS.md §4).
+``LeaseTicker`` renews its lease every third of the lease while its block runs. A renewal that
+matches no row marks the lease lost; the segment checks ``lost`` after the call and stops
+before its next side effect (RUNS.md §4).
+
+The renewals are made by one daemon thread per process (``_Scheduler``), on its own database
+connection, closed after each batch of renewals. Entering and leaving a ticker only registers
+and unregisters the lease: no thread is started per call, which under CPU contention cost
+milliseconds per provider or tool call (``benchmarks/step_overhead.py``). Leaving waits for a
+renewal of that lease already in flight, so ``lost`` is final once the block has ended.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from types import TracebackType
 
 from django.db import connections
@@ -27,14 +35,9 @@ class LeaseTicker:
         self.interval = interval if interval is not None else conf.get("LEASE_SECONDS") / 3
         self.lost = False
         self.renewals = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> LeaseTicker:
-        self._thread = threading.Thread(
-            target=self._run, name=f"lease-ticker-{self.lease.run_id}", daemon=True
-        )
-        self._thread.start()
+        _scheduler.add(self)
         return self
 
     def __exit__(
@@ -43,22 +46,96 @@ class LeaseTicker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        _scheduler.remove(self)
+
+    def _beat(self) -> bool:
+        """One renewal, on the scheduler's thread. ``False``: stop renewing (the lease is lost)."""
+        try:
+            renewed = transitions.run_heartbeat(self.lease)
+        except StateWriteFailed:
+            logger.warning("lease renewal failed for run %s; will retry", self.lease.uuid)
+            return True
+        except Exception:
+            logger.exception("lease renewal raised for run %s; will retry", self.lease.uuid)
+            return True
+        if not renewed:
+            logger.warning("run %s: lease lost during a call", self.lease.uuid)
+            self.lost = True
+            return False
+        self.renewals += 1
+        return True
+
+
+class _Scheduler:
+    """One daemon thread renewing every registered ticker when it is due."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[LeaseTicker, float] = {}  # ticker -> monotonic time of its next renewal
+        self._beating: LeaseTicker | None = None
+        self._wake_at: float | None = None  # when the thread plans to wake (None: idle)
+        self._thread: threading.Thread | None = None
+
+    def add(self, ticker: LeaseTicker) -> None:
+        due = time.monotonic() + ticker.interval
+        with self._cond:
+            self._due[ticker] = due
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="lease-ticker", daemon=True)
+                self._thread.start()
+            elif self._wake_at is None or due < self._wake_at:
+                self._cond.notify()
+
+    def remove(self, ticker: LeaseTicker) -> None:
+        with self._cond:
+            self._due.pop(ticker, None)
+            while self._beating is ticker:
+                self._cond.wait()
+
+    def _next_due(self) -> list[LeaseTicker]:
+        """Wait (holding the condition) until some ticker is due; return those that are."""
+        while True:
+            now = time.monotonic()
+            due = [ticker for ticker, at in self._due.items() if at <= now]
+            if due:
+                self._wake_at = now
+                return due
+            self._wake_at = min(self._due.values()) if self._due else None
+            self._cond.wait(None if self._wake_at is None else self._wake_at - now)
 
     def _run(self) -> None:
-        try:
-            while not self._stop.wait(self.interval):
-                try:
-                    renewed = transitions.run_heartbeat(self.lease)
-                except StateWriteFailed:
-                    logger.warning("lease renewal failed for run %s; will retry", self.lease.uuid)
-                    continue
-                if not renewed:
-                    logger.warning("run %s: lease lost during a call", self.lease.uuid)
-                    self.lost = True
-                    return
-                self.renewals += 1
-        finally:
-            connections.close_all()
+        while True:
+            with self._cond:
+                due = self._next_due()
+            try:
+                for ticker in due:
+                    with self._cond:
+                        if ticker not in self._due:
+                            continue  # its block ended meanwhile
+                        self._beating = ticker
+                    keep = True
+                    try:
+                        keep = ticker._beat()
+                    finally:
+                        with self._cond:
+                            self._beating = None
+                            if ticker in self._due:
+                                if keep:
+                                    self._due[ticker] = time.monotonic() + ticker.interval
+                                else:
+                                    del self._due[ticker]
+                            self._cond.notify_all()
+            finally:
+                connections.close_all()
+
+
+_scheduler = _Scheduler()
+
+
+def _reset_after_fork() -> None:
+    # A forked child inherits the registrations and possibly a held lock, but not the thread.
+    global _scheduler
+    _scheduler = _Scheduler()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

@@ -100,7 +100,13 @@ def rehydrate(run: AgentRun, events: Iterable[AgentRunEvent] | None = None) -> R
     """The loop state and the dialogue of ``run`` as its last step boundary left them."""
     state = check_loop_state(run.loop_state if run.loop_state is not None else {})
     if events is None:
-        events = run.events.order_by("sequence").only("sequence", "kind", "payload")
+        # Not ``run.events``: a related manager sets ``event.run`` on every row, which reads the
+        # deferred ``run_id`` back one query per event (N+1) when it is left out of ``only()``.
+        events = (
+            AgentRunEvent.objects.filter(run_id=run.pk)
+            .order_by("sequence")
+            .only("sequence", "kind", "payload")
+        )
     messages = opening_messages(run)
     last = -1
     for event in events:

@@ -160,3 +160,53 @@ def test_continuing_a_finished_segment_boundary_does_not_repeat_provider_calls(p
     assert calls_before == 2
     assert len(sent(interrupted)) == 4
     assert sent(interrupted) == sent(reference)
+
+
+def test_an_approval_applied_by_a_segment_that_died_mid_write_survives_reconciliation(probes):
+    """The approving segment dies inside the write (after the fence was stamped). The in-doubt
+    run is reconciled "landed": the continuation must find the turn approved, not ask again,
+    and must not run the write a second time."""
+    from agentruns.services.runs import reconciliation_turn, run_reconcile
+
+    script = [
+        tool_turn(call("probe_create", value="once"), call("probe_read", value="after")),
+        {"content": "reconciled"},
+    ]
+    suspended = run_start_sync(configuration=config(), prompt="p", options={"script": script})
+    probes.during = crash_once_on("once")
+    with pytest.raises(ProcessDied):
+        run_decide(
+            run_uuid=suspended.run.uuid,
+            actor=decider(),
+            approved=True,
+            turn_digest=suspended.run.pending_turn["turn_digest"],
+            mode="inline",
+        )
+    run = AgentRun.objects.get(pk=suspended.run.pk)
+    assert run.pending_effect == "non_idempotent_write"
+    AgentRun.objects.filter(pk=run.pk).update(lease_expires=Now() - timedelta(seconds=1))
+    run.refresh_from_db()
+    assert transitions.run_mark_in_doubt(
+        run_id=run.pk,
+        pending_turn=reconciliation_turn(run),
+        segment="reaper:test:1",
+        event=transitions.EventSpec(EventKind.REAPER, {"rule": "in_doubt"}),
+    )
+    run.refresh_from_db()
+    probes.during = None
+
+    result = run_reconcile(
+        run_uuid=run.uuid,
+        actor=decider(),
+        verdict="landed",
+        turn_digest=run.pending_turn["turn_digest"],
+        mode="inline",
+    )
+
+    assert result.outcome == Outcome.COMPLETED
+    assert [s["arguments"]["value"] for s in probes.seen] == ["once", "after"]
+    tools_done = [e.payload for e in events(run) if e.kind == EventKind.TOOL]
+    assert [(p["call_id"], p["outcome"]) for p in tools_done] == [
+        ("call_0_0", "reconciled_landed"),
+        ("call_0_1", "executed"),
+    ]

@@ -1,0 +1,59 @@
+"""The lease ticker: renews while a block runs, stops when it ends, reports a lost lease."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agentruns.models import AgentRun
+from agentruns.services.ticker import LeaseTicker
+from tests.agentruns.factories import AgentRunFactory, lease_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def expiry(run: AgentRun):
+    return AgentRun.objects.values_list("lease_expires", flat=True).get(pk=run.pk)
+
+
+def _wait_until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def test_tickers_of_several_segments_renew_together_and_stop_with_their_block():
+    first, second = AgentRunFactory(running=True), AgentRunFactory(running=True)
+    zombie_run = AgentRunFactory(running=True)
+    zombie = lease_for(zombie_run)
+    zombie.epoch += 1  # a token the row no longer carries
+    before = expiry(first)
+
+    with (
+        LeaseTicker(lease_for(first), interval=0.05) as a,
+        LeaseTicker(lease_for(second), interval=0.08) as b,
+        LeaseTicker(zombie, interval=0.05) as z,
+    ):
+        _wait_until(lambda: a.renewals >= 3 and b.renewals >= 3 and z.lost)
+    renewed = expiry(first)
+    counts = (a.renewals, b.renewals)
+
+    assert renewed > before
+    assert z.lost and z.renewals == 0
+    assert not a.lost and not b.lost
+    time.sleep(0.3)  # the block has ended: nothing renews any more
+    assert (a.renewals, b.renewals) == counts
+    assert expiry(first) == renewed
+
+
+def test_a_ticker_reports_a_lease_lost_while_it_runs():
+    run = AgentRunFactory(running=True)
+
+    with LeaseTicker(lease_for(run), interval=0.05) as ticker:
+        _wait_until(lambda: ticker.renewals >= 1)
+        AgentRun.objects.filter(pk=run.pk).update(claimed_by="worker:someone-else:1")
+        _wait_until(lambda: ticker.lost)
+
+    assert ticker.lost
