@@ -174,29 +174,74 @@ class RunSegment:
         )
         self.state: dict[str, Any] = {}
         self.messages: list[dict[str, Any]] = []
+        # The completed last call of a turn, recorded by the boundary that always follows it at
+        # once (the request before the next provider call): one write instead of two.
+        self._deferred: list[transitions.EventSpec] = []
+        self._deferred_clear = False
 
     # -- boundaries --
 
     def _boundary(self, events: list[transitions.EventSpec], *, clear_fence: bool = False) -> None:
+        deferred, self._deferred = self._deferred, []
+        clear_fence = clear_fence or self._deferred_clear
+        self._deferred_clear = False
+        written = [*deferred, *events]
         write = transitions.run_clear_fence if clear_fence else transitions.run_heartbeat
-        if not write(self.lease, loop_state=self.state, events=events):
-            self._stop_lost()
-        for spec in events:
-            message = message_for_event(spec.kind, spec.payload)
-            if message is not None:
-                self.messages.append(message)
-            if self.observer is not None:
+        if not write(self.lease, loop_state=self.state, events=written):
+            self._stop_lost(completed=written)
+        for spec in events:  # the deferred ones joined the dialogue when they were deferred
+            self._remember(spec)
+        if self.observer is not None:
+            for spec in written:
                 self.observer(spec)
 
-    def _stop_lost(self, **detail: Any) -> None:
+    def _step_done(
+        self, events: list[transitions.EventSpec], *, clear_fence: bool, last_of_turn: bool
+    ) -> None:
+        """Record a completed tool step: at once, or, for the last call of a turn, with the next
+        boundary. Nothing with a side effect happens in between (the loop goes straight to the
+        ``request`` boundary), so a crash there loses exactly what a crash inside the call
+        would: the call is executed again (or, fenced non-idempotent, reconciled)."""
+        if not last_of_turn:
+            self._boundary(events, clear_fence=clear_fence)
+            return
+        self._deferred.extend(events)
+        self._deferred_clear = self._deferred_clear or clear_fence
+        for spec in events:
+            self._remember(spec)
+
+    def _flush(self) -> None:
+        """Write deferred steps before a write that does not carry them (suspend, settle)."""
+        if self._deferred:
+            self._boundary([])
+
+    def _remember(self, spec: transitions.EventSpec) -> None:
+        message = message_for_event(spec.kind, spec.payload)
+        if message is not None:
+            self.messages.append(message)
+
+    def _stop_lost(
+        self, *, completed: list[transitions.EventSpec] | None = None, **detail: Any
+    ) -> None:
         """A guarded write matched nothing: the run was cancelled under us, or the lease lost.
 
         Every path that learns of a lost lease (a boundary, the ticker, the fence stamp) comes
-        here, so a cancel is always recognised and recorded as one.
+        here, so a cancel is always recognised and recorded as one. On a cancel the steps that
+        completed (a tool call that ran, a model answer) are recorded before the cancel event,
+        so a write that happened is never missing from the audit; a lost lease records nothing.
         """
+        finished = [
+            spec
+            for spec in [*self._deferred, *(completed or [])]
+            if spec.kind in (EventKind.TOOL, EventKind.LLM)
+        ]
+        self._deferred = []
         noticed = transitions.run_notice_cancel(
             self.lease,
-            events=[transitions.EventSpec(EventKind.CANCEL, {"note": "noticed at step boundary"})],
+            events=[
+                *finished,
+                transitions.EventSpec(EventKind.CANCEL, {"note": "noticed at step boundary"}),
+            ],
         )
         raise _Stop(Outcome.CANCELLED if noticed else Outcome.LEASE_LOST, **detail)
 
@@ -345,7 +390,8 @@ class RunSegment:
         calls = turn["calls"]
         if turn.get("approved") is None and any(self._needs_approval(c["name"]) for c in calls):
             self._suspend_for_approval(calls)
-        for call in calls:
+        for index, call in enumerate(calls):
+            last_of_turn = index == len(calls) - 1
             if call["id"] in turn.get("done", []):
                 continue
             tool = self._available_tool(call["name"])
@@ -355,7 +401,7 @@ class RunSegment:
             ):
                 # Denied: nothing of the turn executes. And fail closed: a call that needs a
                 # decision runs only after an approval.
-                self._record_denied(call)
+                self._record_denied(call, last_of_turn=last_of_turn)
                 continue
             arguments = call.get("arguments", {})
             if tool is not None and tool.input_schema is not None:
@@ -363,12 +409,12 @@ class RunSegment:
                 if values is None:
                     self._suspend_for_input(call, tool)
                 arguments = overlay_input(tool, arguments, values)
-            self._execute(call, tool, arguments)
+            self._execute(call, tool, arguments, last_of_turn=last_of_turn)
 
-    def _record_denied(self, call: dict[str, Any]) -> None:
+    def _record_denied(self, call: dict[str, Any], *, last_of_turn: bool = False) -> None:
         self.state["turn"]["done"].append(call["id"])
         content = ToolResult(ok=False, content=None, error=DENIED_MESSAGE).as_message_content()
-        self._boundary(
+        self._step_done(
             [
                 self._event(
                     EventKind.TOOL,
@@ -383,10 +429,19 @@ class RunSegment:
                         "content": content,
                     },
                 )
-            ]
+            ],
+            clear_fence=False,
+            last_of_turn=last_of_turn,
         )
 
-    def _execute(self, call: dict[str, Any], tool: Tool | None, arguments: Any) -> None:
+    def _execute(
+        self,
+        call: dict[str, Any],
+        tool: Tool | None,
+        arguments: Any,
+        *,
+        last_of_turn: bool = False,
+    ) -> None:
         effect = tool.effect if tool is not None else Effect.NON_IDEMPOTENT_WRITE
         try:
             result, duration_ms, lost = execute_tool_call(
@@ -405,8 +460,6 @@ class RunSegment:
             if stop.outcome == Outcome.LEASE_LOST:  # the fence stamp matched no row
                 self._stop_lost(**stop.detail)
             raise
-        if lost:
-            self._stop_lost(at="tool")
         self.state["turn"]["done"].append(call["id"])
         event = self._event(
             EventKind.TOOL,
@@ -424,11 +477,14 @@ class RunSegment:
             },
             duration_ms=duration_ms,
         )
-        self._boundary([event], clear_fence=effect in WRITE_EFFECTS)
+        if lost:  # the ticker's renewal matched no row while the call ran
+            self._stop_lost(at="tool", completed=[event])
+        self._step_done([event], clear_fence=effect in WRITE_EFFECTS, last_of_turn=last_of_turn)
 
     # -- suspending --
 
     def _suspend(self, status: str, pending_turn: dict[str, Any], outcome: str) -> None:
+        self._flush()
         if not transitions.run_suspend(
             self.lease, status=status, pending_turn=pending_turn, loop_state=self.state
         ):
@@ -486,7 +542,7 @@ class RunSegment:
                     {
                         "iteration": self.state.get("iteration", 0),
                         "final": final,
-                        "messages": self.messages,
+                        "messages": list(self.messages),
                         "tools": [t["function"]["name"] for t in tools],
                     },
                 )
@@ -503,8 +559,6 @@ class RunSegment:
             if ticker.lost:
                 self._stop_lost(at="provider")
             self._provider_failed(exc)
-        if ticker.lost:
-            self._stop_lost(at="provider")
         duration_ms = int((time.monotonic() - started) * 1000)
         self.state["iteration"] = self.state.get("iteration", 0) + 1
         usage = self.state.setdefault("usage", {"prompt_tokens": 0, "completion_tokens": 0})
@@ -526,24 +580,23 @@ class RunSegment:
                 "approved": None,
                 "inputs": {},
             }
-        self._boundary(
-            [
-                self._event(
-                    EventKind.LLM,
-                    {
-                        "iteration": self.state["iteration"],
-                        "final": final,
-                        "content": reply.content,
-                        "tool_calls": [
-                            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls
-                        ],
-                        "usage": dict(reply.usage),
-                        "model": reply.model,
-                    },
-                    duration_ms=duration_ms,
-                )
-            ]
+        answered = self._event(
+            EventKind.LLM,
+            {
+                "iteration": self.state["iteration"],
+                "final": final,
+                "content": reply.content,
+                "tool_calls": [
+                    {"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls
+                ],
+                "usage": dict(reply.usage),
+                "model": reply.model,
+            },
+            duration_ms=duration_ms,
         )
+        if ticker.lost:  # the ticker's renewal matched no row while the model answered
+            self._stop_lost(at="provider", completed=[answered])
+        self._boundary([answered])
         return reply
 
     def _unique_ids(self, calls: list[ToolCall]) -> list[ToolCall]:
@@ -604,6 +657,7 @@ class RunSegment:
     def _settle(
         self, status: str, reason: str, *, output: str = "", error: dict | None = None
     ) -> None:
+        self._flush()
         if not transitions.run_settle(
             run_id=self.lease.run_id,
             lease=self.lease,
@@ -616,6 +670,7 @@ class RunSegment:
             self._stop_lost()
 
     def _settle_completed(self, reply: ProviderReply, *, truncated: bool) -> None:
+        self._flush()
         totals = self._totals(truncated=truncated)
         reason = TerminationReason.MAX_ITERATIONS if truncated else TerminationReason.COMPLETED
         if not transitions.run_settle(
