@@ -6,9 +6,9 @@
 
 Creates (and drops) a THROWAWAY PostgreSQL database ``leasehold_reaper_<pid>`` on the server of
 ``DATABASE_URL``; nothing else is touched. For each size the table holds, by ``id % 100``:
-1 stale running run (lease expired 5 minutes ago; a tenth of them fenced mid non-idempotent
-write), 3 live running runs, 5 queued runs (recent, so nothing to redispatch) and 91 completed
-runs. Then it prints
+1 stale running run (leases expired 5 minutes ago and earlier, each at its own moment; a tenth
+of them fenced mid non-idempotent write), 3 live running runs, 5 queued runs (recent, so
+nothing to redispatch) and 91 completed runs. Then it prints
 
 * the plan of the reaper's batch query (``EXPLAIN ANALYZE`` inside a rolled-back transaction):
   it must use the ``(status, lease_expires)`` index ``agentrun_status_lease``;
@@ -107,7 +107,8 @@ def reset_states() -> int:
               status = CASE WHEN id % 100 < 4 THEN 'running'
                             WHEN id % 100 < 9 THEN 'queued' ELSE 'completed' END,
               termination_reason = CASE WHEN id % 100 < 9 THEN '' ELSE 'completed' END,
-              lease_expires = CASE WHEN id % 100 = 0 THEN now() - interval '5 minutes'
+              lease_expires = CASE
+                WHEN id % 100 = 0 THEN now() - interval '5 minutes' - id * interval '1 ms'
                                    WHEN id % 100 < 4 THEN now() + interval '1 hour' END,
               claimed_by = CASE WHEN id % 100 < 4 THEN 'worker:bench:' || id ELSE '' END,
               lease_epoch = CASE WHEN id % 100 < 4 THEN 1 ELSE 0 END,

@@ -1,0 +1,214 @@
+#!/usr/bin/env python
+"""Queued scripted runs per second with 1 and 2 django-q2 workers on PostgreSQL, beside the
+throughput of empty django-q2 tasks measured in the same run (the floor the engine sets).
+
+    DATABASE_URL=postgres://root@127.0.0.1:5432/test \
+        .venv/bin/python benchmarks/worker_throughput.py
+    ... benchmarks/worker_throughput.py --runs 300 --workers 1,2
+
+Creates (and drops) a THROWAWAY database ``leasehold_workers_<pid>`` on the server of
+``DATABASE_URL`` and starts real ``manage.py qcluster`` processes on it (ORM broker, the
+settings' defaults but ``Q_WORKERS``/``Q_QUEUE_LIMIT``). For each worker count:
+
+1. **empty tasks**: N ``async_task`` of a function that returns at once, committed together;
+   the clock runs from that commit until django-q2 has saved all N results;
+2. **runs**: N queued runs of the scripted provider (a read tool, then an answer: two model
+   turns, one tool call, ~8 guarded writes each), committed together with their wake-ups; the
+   clock runs until every run is terminal.
+
+A warm-up task is processed before each clock starts, so cluster start-up is not counted. Each
+combination runs with ``DATABASE_CONN_MAX_AGE`` 0 (the default: django-q2 closes and reopens the
+database connection around every task) and 60 (persistent connections).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+EMPTY_TASK = "benchmarks.worker_throughput.empty"
+SCRIPT = [{"tool_calls": [{"name": "list_notes", "arguments": {}}]}, {"content": "done"}]
+
+
+def empty() -> None:
+    """The empty task: django-q2's own cost per task, nothing of ours."""
+    return None
+
+
+@contextmanager
+def throwaway_database(server_url: str) -> Iterator[str]:
+    import psycopg
+
+    name = f"leasehold_workers_{os.getpid()}"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield urlunsplit(urlsplit(server_url)._replace(path=f"/{name}"))
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        with psycopg.connect(server_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def environment(url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=url,
+        DJANGO_SETTINGS_MODULE="config.settings.production",
+        DJANGO_SECRET_KEY=os.environ.get("DJANGO_SECRET_KEY", "benchmark-only"),
+        LOG_LEVEL="ERROR",
+        PYTHONPATH=str(ROOT),
+    )
+    return env
+
+
+def setup_django(url: str) -> None:
+    os.environ.update(environment(url))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+@contextmanager
+def cluster(url: str, workers: int, conn_max_age: int) -> Iterator[subprocess.Popen]:
+    env = environment(url)
+    env.update(
+        Q_WORKERS=str(workers),
+        Q_QUEUE_LIMIT=str(workers),
+        DATABASE_CONN_MAX_AGE=str(conn_max_age),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "qcluster"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)  # the main PID only (DJANGO-Q2.md)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_for(predicate, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the cluster did not finish in time")
+        time.sleep(0.05)
+
+
+def warm_up() -> None:
+    from django_q.models import Task
+    from django_q.tasks import async_task
+
+    async_task(EMPTY_TASK, group="warm-up")
+    wait_for(lambda: Task.objects.filter(group="warm-up").exists(), timeout=120)
+
+
+def empty_tasks_per_second(n: int) -> float:
+    from django.db import transaction
+    from django_q.models import Task
+    from django_q.tasks import async_task
+
+    Task.objects.all().delete()
+    with transaction.atomic():
+        for _ in range(n):
+            async_task(EMPTY_TASK, group="empty")
+    started = time.perf_counter()
+    wait_for(lambda: Task.objects.filter(group="empty").count() >= n)
+    return n / (time.perf_counter() - started)
+
+
+def runs_per_second(n: int) -> tuple[float, dict[str, int]]:
+    from django.db import transaction
+    from django.db.models import Count
+
+    from agentruns import transitions
+    from agentruns.models import TERMINAL_STATUSES, AgentConfiguration, AgentRun
+    from agentruns.services import dispatch
+
+    configuration, _ = AgentConfiguration.objects.get_or_create(
+        slug="bench", defaults={"name": "bench", "tools": ["list_notes"], "script": SCRIPT}
+    )
+    AgentRun.objects.all().delete()
+    with transaction.atomic():  # the ORM broker's task rows commit with the runs
+        for number in range(n):
+            run = transitions.run_enqueue(
+                configuration=configuration,
+                initiator_id=None,
+                prompt=f"run {number}",
+                request={"prompt": f"run {number}", "script": SCRIPT},
+            )
+            dispatch.send_wakeup(str(run.uuid))
+    started = time.perf_counter()
+    wait_for(lambda: not AgentRun.objects.exclude(status__in=TERMINAL_STATUSES).exists())
+    elapsed = time.perf_counter() - started
+    outcome = AgentRun.objects.values("status").annotate(n=Count("pk")).order_by()
+    return n / elapsed, {row["status"]: row["n"] for row in outcome}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=200, help="runs (and empty tasks) per phase")
+    parser.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
+    parser.add_argument(
+        "--conn-max-age",
+        default="0,60",
+        help="DATABASE_CONN_MAX_AGE values for the cluster (0, the default, reconnects per task)",
+    )
+    args = parser.parse_args()
+    server = os.environ.get("DATABASE_URL", "postgres://root@127.0.0.1:5432/postgres")
+    if not server.startswith(("postgres://", "postgresql://")):
+        sys.exit("worker_throughput needs a PostgreSQL DATABASE_URL")
+
+    with throwaway_database(server) as url:
+        setup_django(url)
+        rows = []
+        for conn_max_age in [int(c) for c in args.conn_max_age.split(",")]:
+            for workers in [int(w) for w in args.workers.split(",")]:
+                with cluster(url, workers, conn_max_age):
+                    warm_up()
+                    empty_rate = empty_tasks_per_second(args.runs)
+                    run_rate, statuses = runs_per_second(args.runs)
+                rows.append((conn_max_age, workers, empty_rate, run_rate))
+                print(
+                    f"CONN_MAX_AGE={conn_max_age}, {workers} worker(s): empty tasks "
+                    f"{empty_rate:.1f}/s, runs {run_rate:.1f}/s {statuses}",
+                    flush=True,
+                )
+
+        print(f"\n{args.runs} per phase, PostgreSQL, ORM broker, cpu count {os.cpu_count()}")
+        print("CONN_MAX_AGE  workers  empty tasks/s  runs/s  runs vs empty tasks")
+        for conn_max_age, workers, empty_rate, run_rate in rows:
+            ratio = run_rate / empty_rate
+            print(
+                f"{conn_max_age:>12} {workers:>8} {empty_rate:>14.1f} {run_rate:>7.1f}"
+                f" {ratio:>20.0%}"
+            )
+
+
+if __name__ == "__main__":
+    main()
