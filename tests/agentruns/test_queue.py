@@ -6,6 +6,10 @@ reaper. The tasks are called in-process here; real ``qcluster`` processes are in
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -21,6 +25,7 @@ from agentruns.services import dispatch, reaper, runs
 from agentruns.services.runtime import Outcome, continue_segment
 from playground.models import Note
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
+from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.django_db
 
@@ -328,3 +333,37 @@ def test_a_reclaimed_run_continues_from_its_last_boundary_not_from_the_start(on_
     assert [(e.payload["name"], e.lease_epoch) for e in tools] == [("list_notes", 1), ("wait", 2)]
     sequences = list(run.events.order_by("sequence").values_list("sequence", flat=True))
     assert sequences == list(range(len(sequences)))
+
+
+# --- The broker ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environment", "expected"),
+    [
+        ({}, {"orm": "default"}),
+        ({"Q_BROKER": "orm"}, {"orm": "default"}),
+        (
+            {"Q_BROKER": "redis", "REDIS_URL": "redis://10.0.0.5:6380/2"},
+            {"redis": "redis://10.0.0.5:6380/2"},
+        ),
+    ],
+)
+def test_the_broker_is_chosen_by_the_environment(environment, expected):
+    code = (
+        "import json; from config.settings import base; "
+        "print(json.dumps({k: base.Q_CLUSTER.get(k) for k in ('orm', 'redis', 'name')}))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("Q_BROKER", "REDIS_URL")}
+    completed = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**env, **environment},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    cluster = json.loads(completed.stdout)
+    assert cluster["name"] == "leasehold"
+    assert {k: v for k, v in cluster.items() if k in ("orm", "redis") and v} == expected
