@@ -210,3 +210,39 @@ def test_an_approval_applied_by_a_segment_that_died_mid_write_survives_reconcili
         ("call_0_0", "reconciled_landed"),
         ("call_0_1", "executed"),
     ]
+
+
+def test_a_crash_after_the_last_call_returned_reruns_it_and_keeps_the_transcript(
+    probes, monkeypatch
+):
+    """The last call of a turn is recorded by the next ``request`` boundary. A segment dying in
+    between loses that call's result like a crash inside it: the call runs again and the
+    provider still sees the uninterrupted dialogue."""
+    from agentruns.services.runtime import RunSegment
+
+    configuration = config()
+    reference = uninterrupted(configuration)
+    probes.seen.clear()
+    offered = RunSegment._offered_tools
+    died: list[bool] = []
+
+    def dies_after_c(self):
+        if [s["arguments"].get("value") for s in probes.seen][-1:] == ["c"] and not died:
+            died.append(True)
+            raise ProcessDied()
+        return offered(self)
+
+    monkeypatch.setattr(RunSegment, "_offered_tools", dies_after_c)
+    with pytest.raises(ProcessDied):
+        run_start_sync(configuration=configuration, prompt="p", options={"script": SCRIPT})
+    interrupted = AgentRun.objects.exclude(pk=reference.pk).get()
+    assert [e.payload["name"] for e in events(interrupted) if e.kind == EventKind.TOOL] == [
+        "probe_read",
+        "probe_read",
+    ]  # a and b; c's result died with the segment
+
+    continue_segment(reclaim_and_claim(interrupted))
+
+    assert [s["arguments"]["value"] for s in probes.seen] == ["a", "b", "c", "c"]
+    assert sent(interrupted) == sent(reference)
+    assert request_messages(interrupted) == request_messages(reference)

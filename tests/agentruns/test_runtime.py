@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from agentruns import transitions
 from agentruns.digests import turn_digest
@@ -593,10 +596,12 @@ def test_a_cancel_noticed_at_a_boundary_makes_no_further_call(probes):
     assert len(probes.seen) == 1  # the second call of the turn never ran
     assert len(sent(run)) == 1  # no further provider call
     stream = assert_contiguous(run)
-    assert [e.kind for e in stream][-2:] == [EventKind.CANCEL, EventKind.CANCEL]
-    assert stream[-2].payload["note"] == "stop it"
-    assert stream[-1].segment.startswith("interactive:")  # the holder recorded its boundary
-    assert EventKind.TOOL not in [e.kind for e in stream]  # the interrupted step is not written
+    # The cancel, then the holder's boundary: the call that completed, and the notice.
+    assert [e.kind for e in stream][-3:] == [EventKind.CANCEL, EventKind.TOOL, EventKind.CANCEL]
+    assert stream[-3].payload["note"] == "stop it"
+    assert stream[-2].payload["call_id"] == "call_0_0"
+    assert stream[-1].segment.startswith("interactive:")
+    assert [e.kind for e in stream].count(EventKind.TOOL) == 1  # the second call never ran
     assert_released(run)
 
 
@@ -726,3 +731,99 @@ def test_a_turn_with_a_write_and_a_question_is_approved_then_asks_for_input(prob
     assert probes.seen[1]["arguments"] == {"question": "why?", "answer": "because"}
     assert probes.seen[1]["fencing_token"] == 3  # a third segment: birth, resume, resume
     assert_contiguous(answered.run)
+
+
+def test_a_cancel_during_a_write_records_the_write_that_ran(probes):
+    """The cancel lands while an approved write runs: the boundary after it notices the cancel
+    and still records the step that completed (the write happened: its event must exist)."""
+    suspended = start(
+        config(),
+        [
+            tool_turn(call("probe_write", value="w"), call("probe_read", value="r")),
+            {"content": "never"},
+        ],
+    )
+    run = suspended.run
+    probes.during = lambda entry: run_cancel(run_uuid=run.uuid, note="too late")
+
+    result = run_decide(
+        run_uuid=run.uuid,
+        actor=decider(),
+        approved=True,
+        turn_digest=run.pending_turn["turn_digest"],
+        mode="inline",
+    )
+
+    assert result.outcome == Outcome.CANCELLED
+    assert [s["tool"] for s in probes.seen] == ["probe_write"]  # no further tool call
+    assert len(sent(run)) == 1  # no further provider call
+    stream = assert_contiguous(run)
+    assert [e.kind for e in stream][-3:] == [EventKind.CANCEL, EventKind.TOOL, EventKind.CANCEL]
+    written = stream[-2]
+    assert written.payload["name"] == "probe_write" and written.payload["outcome"] == "executed"
+    assert written.segment.startswith("resume:") and written.lease_epoch == 2
+    run.refresh_from_db()
+    assert run.status == Status.CANCELLED and run.claimed_by == ""
+
+
+def test_the_fence_is_cleared_before_the_next_provider_call(probes):
+    script = [
+        tool_turn(call("probe_write", value="w")),
+        tool_turn(call("probe_read", value="r")),
+        {"content": "done"},
+    ]
+    suspended = start(config(), script)
+
+    run_decide(
+        run_uuid=suspended.run.uuid,
+        actor=decider(),
+        approved=True,
+        turn_digest=suspended.run.pending_turn["turn_digest"],
+        mode="inline",
+    )
+
+    write, read = probes.seen
+    assert write["row"]["pending_effect"] == Effect.IDEMPOTENT_WRITE
+    assert read["row"]["pending_effect"] == "" and read["row"]["pending_call"] is None
+    stream = assert_contiguous(suspended.run)
+    after_write = [e.kind for e in stream if e.lease_epoch == 2]
+    assert after_write[:5] == [
+        EventKind.APPROVAL,
+        EventKind.TOOL,
+        EventKind.REQUEST,
+        EventKind.LLM,
+        EventKind.TOOL,
+    ]
+
+
+def _writes_of(run_script, configuration) -> Counter:
+    with CaptureQueriesContext(connection) as captured:
+        result = start(configuration, run_script)
+    assert result.outcome == Outcome.COMPLETED
+    writes = Counter()
+    for query in captured.captured_queries:
+        words = query["sql"].split()
+        if words[0] == "UPDATE":
+            writes[f"UPDATE {words[1]}"] += 1
+        elif words[0] == "INSERT":
+            writes[f"INSERT {words[2]}"] += 1
+    return writes
+
+
+def test_a_read_round_costs_one_lease_update_per_boundary(probes):
+    """The statement budget of RUNS.md / issue #3 §7: per read round (request, answer, tool
+    result) the lease costs one guarded UPDATE per boundary; the tool result and the next request
+    share one boundary."""
+    configuration = config()
+
+    def round_script(rounds: int) -> list[dict]:
+        turns = [tool_turn(call("probe_read", value=str(n))) for n in range(rounds)]
+        return [*turns, {"content": "done"}]
+
+    two = _writes_of(round_script(2), configuration)
+    three = _writes_of(round_script(3), configuration)
+
+    per_round = three - two
+    assert per_round == Counter(
+        {'UPDATE "agentruns_agentrun"': 2, 'INSERT "agentruns_agentrunevent"': 2}
+    )
