@@ -1,0 +1,453 @@
+#!/usr/bin/env python
+"""Step overhead of the agent runtime: SQL statements and wall time per round (issue #3 §7).
+
+Runs many scripted runs against a THROWAWAY database of the configured kind and prints, per
+round, the statements the runtime issued and its wall time, beside a baseline measured in the
+same run: the same number of raw single-row guarded ``UPDATE``s and ``INSERT``s, each its own
+transaction, through psycopg (PostgreSQL) or sqlite3 (SQLite).
+
+    DJANGO_SETTINGS_MODULE=config.settings.local .venv/bin/python benchmarks/step_overhead.py
+    DATABASE_URL=postgres://root@127.0.0.1:5432/test .venv/bin/python benchmarks/step_overhead.py
+
+With a PostgreSQL ``DATABASE_URL`` it creates (and drops) a database ``leasehold_bench_<pid>``
+on that server; otherwise it migrates a temporary SQLite file. The developer's database is never
+touched. Workloads:
+
+* ``read``: every round is a provider call answered with one call of a no-op read tool;
+* ``write``: every round is a provider call answered with one call of a no-op idempotent write,
+  which suspends, is approved inline and runs fenced under a ``resume:`` segment.
+
+Tool bodies and the scripted provider issue no SQL, so every statement counted is the runtime's.
+A round runs from one ``request`` event to the next; the closing provider call is not a round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+READ_TOOL = "bench_read"
+WRITE_TOOL = "bench_write"
+
+
+# --- The throwaway database ----------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    vendor: str  # "postgresql" | "sqlite"
+    url: str
+    label: str
+    sqlite_path: str = ""
+
+
+@contextmanager
+def throwaway_database() -> Iterator[Target]:
+    configured = os.environ.get("DATABASE_URL", "")
+    if configured.startswith(("postgres://", "postgresql://")):
+        import psycopg
+
+        name = f"leasehold_bench_{os.getpid()}"
+        parts = urlsplit(configured)
+        with psycopg.connect(configured, autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
+        url = urlunsplit(parts._replace(path=f"/{name}"))
+        try:
+            yield Target("postgresql", url, f"PostgreSQL {parts.hostname}:{parts.port} db {name}")
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+            with psycopg.connect(configured, autocommit=True) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        return
+    directory = tempfile.mkdtemp(prefix="leasehold-bench-")
+    path = os.path.join(directory, "bench.sqlite3")
+    try:
+        yield Target("sqlite", f"sqlite:///{path}", f"SQLite file {path}", sqlite_path=path)
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def setup_django(target: Target) -> None:
+    os.environ["DATABASE_URL"] = target.url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    import django
+    from django.conf import settings
+
+    django.setup()
+    settings.DEBUG = False  # no query log while timing; CaptureQueriesContext turns it on
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+# --- The runtime workloads -----------------------------------------------------------------------
+
+
+def register_tools() -> None:
+    from agentruns.models import Effect
+    from agentruns.tools import Tool, registry
+
+    def noop(context: Any, arguments: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "n": arguments.get("n")}
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    registry.register(Tool(READ_TOOL, "Benchmark read: does nothing.", schema, Effect.READ, noop))
+    registry.register(
+        Tool(WRITE_TOOL, "Benchmark write: does nothing.", schema, Effect.IDEMPOTENT_WRITE, noop)
+    )
+
+
+def script(tool: str, rounds: int) -> list[dict[str, Any]]:
+    turns: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": tool, "arguments": {"n": n}}]} for n in range(rounds)
+    ]
+    return [*turns, {"content": "done"}]
+
+
+class RoundClock:
+    """Observer: marks where each round starts (a committed ``request`` event)."""
+
+    def __init__(self, count_statements: Any = None) -> None:
+        self.marks: list[tuple[float, int]] = []
+        self.count_statements = count_statements
+
+    def __call__(self, spec: Any) -> None:
+        if spec.kind == "request":
+            count = self.count_statements() if self.count_statements else 0
+            self.marks.append((time.perf_counter(), count))
+
+
+def one_run(workload: str, rounds: int, clock: RoundClock, approver: Any, config: Any) -> str:
+    from agentruns.services.runs import run_decide, run_start_sync
+
+    tool = READ_TOOL if workload == "read" else WRITE_TOOL
+    result = run_start_sync(
+        configuration=config,
+        prompt="benchmark",
+        options={"script": script(tool, rounds)},
+        observer=clock,
+    )
+    while result.outcome == "awaiting_approval":
+        result = run_decide(
+            run_uuid=result.run.uuid,
+            actor=approver,
+            approved=True,
+            turn_digest=result.run.pending_turn["turn_digest"],
+            mode="inline",
+            observer=clock,
+        )
+    return result.outcome
+
+
+@dataclass
+class RoundStats:
+    times_ms: list[float] = field(default_factory=list)
+    statements: list[Counter] = field(default_factory=list)
+    sql_lengths: dict[str, list[int]] = field(default_factory=lambda: {"UPDATE": [], "INSERT": []})
+    example: list[str] = field(default_factory=list)
+    raw_ms: list[float] = field(default_factory=list)
+    replay_ms: list[float] = field(default_factory=list)
+
+
+def kind_of(sql: str) -> str:
+    word = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else "?"
+    return {"RELEASE": "SAVEPOINT", "ROLLBACK": "COMMIT"}.get(word, word)
+
+
+def count_statements(workload: str, *, runs: int, rounds: int, config: Any, approver: Any):
+    """Pass 1: the statements of each round (the capture wrapper is on, so no timing here)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    stats = RoundStats()
+    for index in range(runs):
+        with CaptureQueriesContext(connection) as captured:
+            clock = RoundClock(lambda: len(captured.captured_queries))
+            outcome = one_run(workload, rounds, clock, approver, config)
+        assert outcome == "completed", outcome
+        queries = [q["sql"] for q in captured.captured_queries]
+        counts = [count for _, count in clock.marks]
+        for start, end in itertools.pairwise(counts):
+            chunk = queries[start:end]
+            stats.statements.append(Counter(kind_of(sql) for sql in chunk))
+            for sql in chunk:
+                if kind_of(sql) in stats.sql_lengths:
+                    stats.sql_lengths[kind_of(sql)].append(len(sql))
+            if index == 0 and start == counts[len(counts) // 2]:
+                stats.example = chunk
+    return stats
+
+
+def time_rounds(
+    workload: str,
+    stats: RoundStats,
+    baseline: RawBaseline,
+    *,
+    runs: int,
+    rounds: int,
+    config: Any,
+    approver: Any,
+) -> None:
+    """Pass 2: wall time per round, no query log; after each run, the raw baseline for the same
+    number of rounds, so that both see the same machine load."""
+    counts = median_counter(stats.statements)
+    updates, inserts = int(counts.get("UPDATE", 0)), int(counts.get("INSERT", 0))
+    state = padded_json(int(statistics.median(stats.sql_lengths["UPDATE"] or [400])) // 2)
+    payload = padded_json(int(statistics.median(stats.sql_lengths["INSERT"] or [400])) // 2)
+    kinds = [kind_of(sql) for sql in stats.example]
+    for _ in range(runs):
+        clock = RoundClock()
+        outcome = one_run(workload, rounds, clock, approver, config)
+        assert outcome == "completed", outcome
+        times = [t for t, _ in clock.marks]
+        stats.times_ms.extend((b - a) * 1000 for a, b in itertools.pairwise(times))
+        for _ in range(len(times) - 1):
+            stats.raw_ms.append(
+                baseline.round_ms(updates=updates, inserts=inserts, state=state, payload=payload)
+            )
+            stats.replay_ms.append(baseline.replay_ms(kinds=kinds, state=state, payload=payload))
+
+
+# --- The raw baseline ----------------------------------------------------------------------------
+
+
+class RawBaseline:
+    """Single-row guarded UPDATEs and INSERTs, each its own transaction, on a raw connection."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.pg = target.vendor == "postgresql"
+        if self.pg:
+            import psycopg
+
+            self.conn = psycopg.connect(target.url, autocommit=True)
+            self.conn.execute(
+                "CREATE TABLE bench_run (id bigserial PRIMARY KEY, status varchar(32),"
+                " claimed_by varchar(255), lease_epoch integer, lease_expires timestamptz,"
+                " loop_state jsonb, updated_at timestamptz)"
+            )
+            self.conn.execute(
+                "CREATE TABLE bench_event (id bigserial PRIMARY KEY, run_id bigint,"
+                " sequence integer, kind varchar(20), payload jsonb, created_at timestamptz,"
+                " UNIQUE (run_id, sequence))"
+            )
+            self.update_sql = (
+                "UPDATE bench_run SET lease_expires = statement_timestamp() + interval '60 s',"
+                " loop_state = %s::jsonb, updated_at = statement_timestamp()"
+                " WHERE id = %s AND status = 'running' AND claimed_by = %s AND lease_epoch = %s"
+            )
+            self.insert_sql = (
+                "INSERT INTO bench_event (run_id, sequence, kind, payload, created_at)"
+                " VALUES (%s, %s, 'tool', %s::jsonb, statement_timestamp())"
+            )
+            self.conn.execute(
+                "INSERT INTO bench_run (status, claimed_by, lease_epoch, loop_state)"
+                " VALUES ('running', 'worker:h:1', 1, '{}')"
+            )
+        else:
+            self.conn = sqlite3.connect(target.sqlite_path, isolation_level=None)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.execute(
+                "CREATE TABLE bench_run (id integer PRIMARY KEY, status text, claimed_by text,"
+                " lease_epoch integer, lease_expires text, loop_state text, updated_at text)"
+            )
+            self.conn.execute(
+                "CREATE TABLE bench_event (id integer PRIMARY KEY, run_id integer,"
+                " sequence integer, kind text, payload text, created_at text,"
+                " UNIQUE (run_id, sequence))"
+            )
+            self.update_sql = (
+                "UPDATE bench_run SET lease_expires = datetime('now', '+60 seconds'),"
+                " loop_state = ?, updated_at = datetime('now')"
+                " WHERE id = ? AND status = 'running' AND claimed_by = ? AND lease_epoch = ?"
+            )
+            self.insert_sql = (
+                "INSERT INTO bench_event (run_id, sequence, kind, payload, created_at)"
+                " VALUES (?, ?, 'tool', ?, datetime('now'))"
+            )
+            self.conn.execute(
+                "INSERT INTO bench_run (status, claimed_by, lease_epoch, loop_state)"
+                " VALUES ('running', 'worker:h:1', 1, '{}')"
+            )
+        self.sequence = 0
+
+    def round_ms(self, *, updates: int, inserts: int, state: str, payload: str) -> float:
+        started = time.perf_counter()
+        for _ in range(updates):
+            cursor = self.conn.execute(self.update_sql, (state, 1, "worker:h:1", 1))
+            assert cursor.rowcount == 1
+        for _ in range(inserts):
+            self.conn.execute(self.insert_sql, (1, self.sequence, payload))
+            self.sequence += 1
+        return (time.perf_counter() - started) * 1000
+
+    def replay_ms(self, *, kinds: list[str], state: str, payload: str) -> float:
+        """The runtime's own statement sequence of a round, raw: the same transactions, the
+        same single-row guarded UPDATEs, INSERTs and single-row SELECTs."""
+        select = "SELECT * FROM bench_run WHERE id = " + ("%s" if self.pg else "?")
+        started = time.perf_counter()
+        for kind in kinds:
+            if kind == "BEGIN":
+                self.conn.execute("BEGIN" if self.pg else "BEGIN IMMEDIATE")
+            elif kind == "COMMIT":
+                self.conn.execute("COMMIT")
+            elif kind == "UPDATE":
+                assert self.conn.execute(self.update_sql, (state, 1, "worker:h:1", 1)).rowcount
+            elif kind == "INSERT":
+                self.conn.execute(self.insert_sql, (1, self.sequence, payload))
+                self.sequence += 1
+            elif kind == "SELECT":
+                self.conn.execute(select, (1,)).fetchall()
+        return (time.perf_counter() - started) * 1000
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def padded_json(length: int) -> str:
+    """A JSON object whose text is about ``length`` characters (like the runtime's payloads)."""
+    return json.dumps({"pad": "x" * max(0, length - 12)})
+
+
+# --- Report --------------------------------------------------------------------------------------
+
+
+def median_counter(counters: list[Counter]) -> Counter:
+    keys = sorted({key for counter in counters for key in counter})
+    return Counter({key: statistics.median(c.get(key, 0) for c in counters) for key in keys})
+
+
+def report(workload: str, stats: RoundStats) -> dict[str, Any]:
+    counts = median_counter(stats.statements)
+    updates, inserts = int(counts.get("UPDATE", 0)), int(counts.get("INSERT", 0))
+    raw = stats.raw_ms
+    runtime_ms = statistics.median(stats.times_ms)
+    raw_ms = statistics.median(raw)
+    total = sum(counts.values())
+    print(f"\n== {workload} rounds ({len(stats.times_ms)} timed, {len(stats.statements)} counted)")
+    print(
+        "  statements per round (median): "
+        + ", ".join(f"{key} {value:g}" for key, value in sorted(counts.items()))
+        + f"  = {total:g}"
+    )
+    print(
+        f"  runtime per round: median {runtime_ms:.2f} ms, "
+        f"p90 {statistics.quantiles(stats.times_ms, n=10)[-1]:.2f} ms"
+    )
+    print(
+        f"  raw baseline ({updates} guarded UPDATE + {inserts} INSERT, autocommit each): "
+        f"median {raw_ms:.2f} ms, p90 {statistics.quantiles(raw, n=10)[-1]:.2f} ms"
+    )
+    ratio = runtime_ms / raw_ms if raw_ms else float("inf")
+    print(
+        f"  ratio runtime / raw: {ratio:.2f}x  (goal <= 2x: {'met' if ratio <= 2 else 'NOT met'})"
+    )
+    replay_ms = statistics.median(stats.replay_ms)
+    replay_ratio = runtime_ms / replay_ms if replay_ms else float("inf")
+    print(
+        f"  raw replay of the round's own {len(stats.example)} statements (same transactions): "
+        f"median {replay_ms:.2f} ms -> runtime / replay {replay_ratio:.2f}x"
+    )
+    lease_updates = sum(
+        1
+        for sql in stats.example
+        if kind_of(sql) == "UPDATE" and '"lease_epoch" = ' in sql.rsplit(" WHERE ", 1)[-1]
+    )
+    events = sum(sql.count("), (") + 1 for sql in stats.example if kind_of(sql) == "INSERT")
+    print(
+        f"  lease/fence accounting: {lease_updates} owner-guarded UPDATE(s) of the run row for "
+        f"{inserts} event INSERT(s) ({events} events) in the example round"
+    )
+    print("  one round's statements, in order:")
+    for sql in stats.example:
+        print(f"    {shorten(sql)}")
+    return {"workload": workload, "counts": counts, "runtime_ms": runtime_ms, "raw_ms": raw_ms}
+
+
+def shorten(sql: str) -> str:
+    sql = " ".join(sql.split())
+    head = sql.split(" SET ", 1)[0] if sql.upper().startswith("UPDATE") else sql
+    if sql.upper().startswith("UPDATE") and " WHERE " in sql:
+        head += " SET … WHERE " + sql.rsplit(" WHERE ", 1)[1]
+    return head if len(head) <= 150 else head[:147] + "..."
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=20, help="timed runs per workload")
+    parser.add_argument("--rounds", type=int, default=8, help="tool rounds per run (max 19)")
+    args = parser.parse_args()
+    rounds = max(2, min(args.rounds, 19))
+
+    with throwaway_database() as target:
+        setup_django(target)
+        register_tools()
+        from django.contrib.auth import get_user_model
+
+        from agentruns.models import AgentConfiguration
+
+        config = AgentConfiguration.objects.create(
+            slug="bench",
+            name="bench",
+            provider="scripted",
+            tools=[READ_TOOL, WRITE_TOOL],
+            max_iterations=20,
+        )
+        approver = get_user_model().objects.create_superuser("bench", "bench@example.com", "x")
+        print(f"database: {target.label}")
+        print(f"{args.runs} runs x {rounds} rounds per workload; no-op tools, scripted provider")
+        print(f"machine load average (1/5/15 min): {os.getloadavg()}, {os.cpu_count()} CPUs")
+        baseline = RawBaseline(target)
+        try:
+            # Warm up caches and connections.
+            one_run("read", 2, RoundClock(), approver, config)
+            one_run("write", 2, RoundClock(), approver, config)
+            for workload in ("read", "write"):
+                stats = count_statements(
+                    workload,
+                    runs=max(1, args.runs // 4),
+                    rounds=rounds,
+                    config=config,
+                    approver=approver,
+                )
+                time_rounds(
+                    workload,
+                    stats,
+                    baseline,
+                    runs=args.runs,
+                    rounds=rounds,
+                    config=config,
+                    approver=approver,
+                )
+                report(workload, stats)
+        finally:
+            baseline.close()
+
+
+if __name__ == "__main__":
+    main()
