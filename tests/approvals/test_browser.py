@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.db import connections
 from django.urls import reverse
 
 from agentruns.models import AgentRun, AgentRunEvent, Status
@@ -59,6 +60,9 @@ def browser(live_server, monkeypatch):
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield chromium
         chromium.close()
+        # ORM calls made while Playwright runs get their own connection (Django keeps
+        # connections per context); close them here or PostgreSQL keeps a session open.
+        connections.close_all()
 
 
 def new_page(browser, *, width: int = 1280):
@@ -137,7 +141,8 @@ def test_two_browsers_approve_the_same_card_and_exactly_one_wins(
         page.goto(f"{live_server.url}{reverse('approvals:inbox')}")
         assert card(page, run).count() == 1
 
-    # Both click before either answer arrives.
+    # Both click without waiting for an answer: the second may still be in flight or may land
+    # on a run the first already decided — either way it must not win.
     for page in (first, second):
         card(page, run).get_by_role("button", name="Approve").click(no_wait_after=True)
     outcomes = sorted([messages(first)[0], messages(second)[0]])
