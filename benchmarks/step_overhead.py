@@ -378,10 +378,9 @@ def report(workload: str, stats: RoundStats) -> dict[str, Any]:
         for sql in stats.example
         if kind_of(sql) == "UPDATE" and '"lease_epoch" = ' in sql.rsplit(" WHERE ", 1)[-1]
     )
-    events = sum(sql.count("), (") + 1 for sql in stats.example if kind_of(sql) == "INSERT")
     print(
-        f"  lease/fence accounting: {lease_updates} owner-guarded UPDATE(s) of the run row for "
-        f"{inserts} event INSERT(s) ({events} events) in the example round"
+        f"  lease/fence accounting: {lease_updates} owner-guarded UPDATE(s) of the run row "
+        f"(boundaries, suspend, fence stamp) beside {inserts} event INSERT(s) in the example round"
     )
     print("  one round's statements, in order:")
     for sql in stats.example:
