@@ -1,5 +1,6 @@
 """Root test configuration: shared fixtures only (keep it small)."""
 
+from tests.support.browser import browser  # noqa: F401  (fixture)
 from tests.support.chat_server import chat_server  # noqa: F401  (fixture)
 from tests.support.http_recorder import http_recorder  # noqa: F401  (fixture)
 from tests.support.mcp_server import mcp_server  # noqa: F401  (fixture)

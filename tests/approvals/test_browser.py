@@ -9,13 +9,10 @@ does — instead of starting a cluster.
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.db import connections
 from django.urls import reverse
 
 from agentruns.models import AgentRun, AgentRunEvent, Status
@@ -24,17 +21,8 @@ from playground.models import Note
 from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory
 from tests.approvals.conftest import make_in_doubt_run, start_input_run, start_waiting_run
 from tests.approvals.html import headings_in_order
+from tests.support.browser import new_page as support_new_page
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 ARTIFACTS = Path(settings.BASE_DIR) / "artifacts"
 APPROVED = "Approved. A worker continues the run; its timeline shows what happens next."
 REFUSED = {
@@ -42,37 +30,14 @@ REFUSED = {
     "The pending action changed — review again.",
 }
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not shutil.which(CHROMIUM) and os.environ.get("CI", "").lower() != "true",
-        reason="needs /usr/bin/chromium",
-    ),
-]
-
-
-@pytest.fixture
-def browser(live_server, monkeypatch):
-    from playwright.sync_api import sync_playwright
-
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs a loop
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield chromium
-        chromium.close()
-        # ORM calls made while Playwright runs get their own connection (Django keeps
-        # connections per context); close them here or PostgreSQL keeps a session open.
-        connections.close_all()
+pytestmark = pytest.mark.browser
 
 
 def new_page(browser, *, width: int = 1280):
     """A fresh browser profile with JavaScript off: the inbox must work without it."""
-    context = browser.new_context(
-        java_script_enabled=False, viewport={"width": width, "height": 900}
+    return support_new_page(
+        browser, java_script_enabled=False, viewport={"width": width, "height": 900}
     )
-    page = context.new_page()
-    page.set_default_timeout(20_000)
-    return page
 
 
 def log_in(page, live_server, user) -> None:

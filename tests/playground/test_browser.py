@@ -5,62 +5,26 @@ Needs Debian's ``/usr/bin/chromium`` (``.ci/run`` installs it) and Playwright's 
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
-from django.db import connections
 
 from agentruns.models import AgentRun, Status
 from playground.models import Note
 from tests.agentruns.api_support import config
 from tests.playground.conftest import join_streams
+from tests.support.browser import new_page
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not shutil.which(CHROMIUM) and os.environ.get("CI", "").lower() != "true",
-        reason="needs /usr/bin/chromium",
-    ),
-]
+pytestmark = pytest.mark.browser
 
 
 @pytest.fixture
-def page(live_server, developer, client, monkeypatch):
-    from playwright.sync_api import sync_playwright
-
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs a loop
+def page(browser, live_server, developer, client):
+    """A page logged in as the developer (JavaScript on: the playground streams with it)."""
     client.force_login(developer)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        context = browser.new_context()
-        context.add_cookies(
-            [
-                {
-                    "name": "sessionid",
-                    "value": client.cookies["sessionid"].value,
-                    "url": live_server.url,
-                }
-            ]
-        )
-        page = context.new_page()
-        page.set_default_timeout(20_000)
-        yield page
-        browser.close()
-        # Inside Playwright's sync API the ORM runs in another context (asgiref's Local) and
-        # opened its own connection: close it before the test database is dropped.
-        connections.close_all()
+    page = new_page(browser)
+    page.context.add_cookies(
+        [{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": live_server.url}]
+    )
+    yield page
     join_streams()
 
 
