@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -22,7 +21,6 @@ from agentruns.exceptions import AlreadyDecided, NotWaiting, StaleTurn
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status
 from agentruns.transitions import (
     EventSpec,
-    Lease,
     run_cancel,
     run_claim_queued,
     run_clear_fence,
@@ -32,17 +30,15 @@ from agentruns.transitions import (
     run_requeue,
     run_settle,
     run_stamp_fence,
-    run_start,
     run_suspend,
 )
-from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory
+from tests.agentruns.factories import AgentRunFactory
+from tests.agentruns.transitions_support import CALL, DIGEST, expire, start
+from tests.agentruns.transitions_support import ME as HOLDER
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 ROUNDS = 5
-HOLDER = "interactive:host-a:100"
-DIGEST = "a" * 64
-CALL = {"id": "call_1_0", "name": "create_note", "arguments": {"title": "t"}}
 
 
 @dataclass
@@ -73,20 +69,6 @@ def race(calls: list[Callable[[], Any]], *, timeout: float = 60) -> list[Outcome
         thread.join(timeout)
     assert not any(thread.is_alive() for thread in threads), "a racer hung"
     return outcomes
-
-
-def start(identity: str = HOLDER) -> Lease:
-    return run_start(
-        configuration=AgentConfigurationFactory(),
-        initiator_id=None,
-        prompt="hello",
-        request={"prompt": "hello"},
-        identity=identity,
-    )
-
-
-def expire(run_id: int) -> None:
-    AgentRun.objects.filter(pk=run_id).update(lease_expires=timezone.now() - timedelta(minutes=5))
 
 
 def reaper_event(name: str) -> EventSpec:
