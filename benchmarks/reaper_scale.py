@@ -23,48 +23,20 @@ Stale runs carry no events (rehydrating a long transcript costs one indexed read
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._support import (
+    postgres_server,
+    production_environment,
+    setup_django,
+    throwaway_postgres,
+)
 
 INDEX = "agentrun_status_lease"
-
-
-@contextmanager
-def throwaway_database(server_url: str) -> Iterator[str]:
-    import psycopg
-
-    name = f"leasehold_reaper_{os.getpid()}"
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield urlunsplit(urlsplit(server_url)._replace(path=f"/{name}"))
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(server_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def setup_django(url: str) -> None:
-    os.environ["DATABASE_URL"] = url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.production"
-    os.environ.setdefault("DJANGO_SECRET_KEY", "benchmark-only")
-    os.environ.setdefault("LOG_LEVEL", "ERROR")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0, interactive=False)
 
 
 def grow_table(total: int) -> None:
@@ -174,12 +146,10 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,100000,1000000")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    server = os.environ.get("DATABASE_URL", "postgres://root@127.0.0.1:5432/postgres")
-    if not server.startswith(("postgres://", "postgresql://")):
-        sys.exit("reaper_scale needs a PostgreSQL DATABASE_URL")
+    server = postgres_server("reaper_scale")
 
-    with throwaway_database(server) as url:
-        setup_django(url)
+    with throwaway_postgres(server, "leasehold_reaper") as url:
+        setup_django(production_environment(url))
         from agentruns.services import reaper
 
         rows = []

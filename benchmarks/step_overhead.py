@@ -39,10 +39,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._support import is_postgres, setup_django, throwaway_postgres
 
 READ_TOOL = "bench_read"
 WRITE_TOOL = "bench_write"
@@ -62,22 +63,11 @@ class Target:
 @contextmanager
 def throwaway_database() -> Iterator[Target]:
     configured = os.environ.get("DATABASE_URL", "")
-    if configured.startswith(("postgres://", "postgresql://")):
-        import psycopg
-
-        name = f"leasehold_bench_{os.getpid()}"
-        parts = urlsplit(configured)
-        with psycopg.connect(configured, autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{name}"')
-        url = urlunsplit(parts._replace(path=f"/{name}"))
-        try:
-            yield Target("postgresql", url, f"PostgreSQL {parts.hostname}:{parts.port} db {name}")
-        finally:
-            from django.db import connections
-
-            connections.close_all()
-            with psycopg.connect(configured, autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    if is_postgres(configured):
+        with throwaway_postgres(configured, "leasehold_bench") as url:
+            parts = urlsplit(url)
+            label = f"PostgreSQL {parts.hostname}:{parts.port} db {parts.path.lstrip('/')}"
+            yield Target("postgresql", url, label)
         return
     directory = tempfile.mkdtemp(prefix="leasehold-bench-")
     path = os.path.join(directory, "bench.sqlite3")
@@ -90,18 +80,19 @@ def throwaway_database() -> Iterator[Target]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def setup_django(target: Target) -> None:
-    os.environ["DATABASE_URL"] = target.url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
-    import django
+def setup_django_on(target: Target) -> None:
     from django.conf import settings
 
-    django.setup()
+    setup_django(
+        {
+            "DATABASE_URL": target.url,
+            "DJANGO_SETTINGS_MODULE": os.environ.get(
+                "DJANGO_SETTINGS_MODULE", "config.settings.local"
+            ),
+            "LOG_LEVEL": os.environ.get("LOG_LEVEL", "WARNING"),
+        }
+    )
     settings.DEBUG = False  # no query log while timing; CaptureQueriesContext turns it on
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0, interactive=False)
 
 
 # --- The runtime workloads -----------------------------------------------------------------------
@@ -404,7 +395,7 @@ def main() -> None:
     rounds = max(2, min(args.rounds, 19))
 
     with throwaway_database() as target:
-        setup_django(target)
+        setup_django_on(target)
         register_tools()
         from django.contrib.auth import get_user_model
 

@@ -32,10 +32,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._support import (
+    ROOT,
+    postgres_server,
+    production_environment,
+    setup_django,
+    throwaway_postgres,
+)
 
 EMPTY_TASK = "benchmarks.worker_throughput.empty"
 SCRIPT = [{"tool_calls": [{"name": "list_notes", "arguments": {}}]}, {"content": "done"}]
@@ -47,47 +53,8 @@ def empty() -> None:
 
 
 @contextmanager
-def throwaway_database(server_url: str) -> Iterator[str]:
-    import psycopg
-
-    name = f"leasehold_workers_{os.getpid()}"
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield urlunsplit(urlsplit(server_url)._replace(path=f"/{name}"))
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(server_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def environment(url: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=url,
-        DJANGO_SETTINGS_MODULE="config.settings.production",
-        DJANGO_SECRET_KEY=os.environ.get("DJANGO_SECRET_KEY", "benchmark-only"),
-        LOG_LEVEL="ERROR",
-        PYTHONPATH=str(ROOT),
-    )
-    return env
-
-
-def setup_django(url: str) -> None:
-    os.environ.update(environment(url))
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0, interactive=False)
-
-
-@contextmanager
 def cluster(url: str, workers: int, conn_max_age: int) -> Iterator[subprocess.Popen]:
-    env = environment(url)
+    env = production_environment(url)
     env.update(
         Q_WORKERS=str(workers),
         Q_QUEUE_LIMIT=str(workers),
@@ -180,12 +147,10 @@ def main() -> None:
         help="DATABASE_CONN_MAX_AGE values for the cluster (0, the default, reconnects per task)",
     )
     args = parser.parse_args()
-    server = os.environ.get("DATABASE_URL", "postgres://root@127.0.0.1:5432/postgres")
-    if not server.startswith(("postgres://", "postgresql://")):
-        sys.exit("worker_throughput needs a PostgreSQL DATABASE_URL")
+    server = postgres_server("worker_throughput")
 
-    with throwaway_database(server) as url:
-        setup_django(url)
+    with throwaway_postgres(server, "leasehold_workers") as url:
+        setup_django(production_environment(url))
         rows = []
         for conn_max_age in [int(c) for c in args.conn_max_age.split(",")]:
             for workers in [int(w) for w in args.workers.split(",")]:
