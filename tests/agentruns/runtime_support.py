@@ -16,6 +16,8 @@ from django.db import connection
 
 from agentruns.models import AgentConfiguration, AgentRun, AgentRunEvent, Effect
 from agentruns.providers.scripted import ScriptedProvider
+from agentruns.services.runs import run_decide
+from agentruns.services.runtime import SegmentResult
 from agentruns.tools import Tool, ToolContext, registry
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 
@@ -168,6 +170,18 @@ def config(*, tools: list[str] | None = None, **fields: Any) -> AgentConfigurati
 
 def decider(**fields: Any):
     return UserFactory(permissions=[DECIDE], **fields)
+
+
+def decide_inline(run: AgentRun, *, actor: Any = None, approved: bool = True) -> SegmentResult:
+    """``run_decide`` on the pending turn ``run`` holds (this instance, not refreshed), inline;
+    ``actor`` defaults to a new user with the decide permission."""
+    return run_decide(
+        run_uuid=run.uuid,
+        actor=actor if actor is not None else decider(),
+        approved=approved,
+        turn_digest=run.pending_turn["turn_digest"],
+        mode="inline",
+    )
 
 
 def call(name: str, **arguments: Any) -> dict[str, Any]:

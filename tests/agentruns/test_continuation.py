@@ -15,13 +15,14 @@ from django.db.models.functions import Now
 
 from agentruns import transitions
 from agentruns.models import AgentRun, EventKind, Status
-from agentruns.services.runs import run_decide, run_start_sync
+from agentruns.services.runs import run_start_sync
 from agentruns.services.runtime import Outcome, continue_segment
 from tests.agentruns.runtime_support import (
     assert_contiguous,
     assert_released,
     call,
     config,
+    decide_inline,
     decider,
     events,
     sent,
@@ -118,13 +119,7 @@ def test_a_run_continued_across_an_approval_sends_the_same_transcript(probes):
         configuration=configuration, prompt="p", options={"script": approved_script}
     )
     assert suspended.outcome == Outcome.AWAITING_APPROVAL
-    run_decide(
-        run_uuid=suspended.run.uuid,
-        actor=decider(),
-        approved=True,
-        turn_digest=suspended.run.pending_turn["turn_digest"],
-        mode="inline",
-    )
+    decide_inline(suspended.run)
     suspended.run.refresh_from_db()
     assert suspended.run.status == Status.COMPLETED
 
@@ -175,13 +170,7 @@ def test_an_approval_applied_by_a_segment_that_died_mid_write_survives_reconcili
     suspended = run_start_sync(configuration=config(), prompt="p", options={"script": script})
     probes.during = crash_once_on("once")
     with pytest.raises(ProcessDied):
-        run_decide(
-            run_uuid=suspended.run.uuid,
-            actor=decider(),
-            approved=True,
-            turn_digest=suspended.run.pending_turn["turn_digest"],
-            mode="inline",
-        )
+        decide_inline(suspended.run)
     run = AgentRun.objects.get(pk=suspended.run.pk)
     assert run.pending_effect == "non_idempotent_write"
     AgentRun.objects.filter(pk=run.pk).update(lease_expires=Now() - timedelta(seconds=1))

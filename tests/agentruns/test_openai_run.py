@@ -7,10 +7,15 @@ import json
 import pytest
 
 from agentruns.models import AgentConfiguration, EventKind, Provider, Status, TerminationReason
-from agentruns.services.runs import run_decide, run_start_sync
+from agentruns.services.runs import run_start_sync
 from agentruns.services.runtime import Outcome
 from playground.models import Note
-from tests.agentruns.runtime_support import assert_contiguous, assert_released, decider, events
+from tests.agentruns.runtime_support import (
+    assert_contiguous,
+    assert_released,
+    decide_inline,
+    events,
+)
 from tests.support.chat_server import ChatServer
 
 pytestmark = pytest.mark.django_db
@@ -87,13 +92,7 @@ def test_an_openai_write_waits_for_approval_then_runs_once(chat_server, openai_c
     assert Note.objects.count() == 0
     assert len(chat_server.requests) == 1
 
-    decided = run_decide(
-        run_uuid=suspended.run.uuid,
-        actor=decider(),
-        approved=True,
-        turn_digest=suspended.run.pending_turn["turn_digest"],
-        mode="inline",
-    )
+    decided = decide_inline(suspended.run)
 
     assert decided.outcome == Outcome.COMPLETED
     assert Note.objects.count() == 1

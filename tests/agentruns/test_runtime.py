@@ -36,6 +36,7 @@ from tests.agentruns.runtime_support import (
     assert_released,
     call,
     config,
+    decide_inline,
     decider,
     events,
     kinds,
@@ -162,13 +163,7 @@ def test_approving_inline_runs_the_write_fenced_under_a_resume_identity(probes):
     run = result.run
     approver = decider()
 
-    decided = run_decide(
-        run_uuid=run.uuid,
-        actor=approver,
-        approved=True,
-        turn_digest=run.pending_turn["turn_digest"],
-        mode="inline",
-    )
+    decided = decide_inline(run, actor=approver)
 
     assert decided.outcome == Outcome.COMPLETED
     run.refresh_from_db()
@@ -211,13 +206,7 @@ def test_approving_a_real_note_update_changes_the_note_once(probes):
     note.refresh_from_db()
     assert note.title == "old"
 
-    decided = run_decide(
-        run_uuid=result.run.uuid,
-        actor=decider(),
-        approved=True,
-        turn_digest=result.run.pending_turn["turn_digest"],
-        mode="inline",
-    )
+    decided = decide_inline(result.run)
 
     assert decided.outcome == Outcome.COMPLETED
     note.refresh_from_db()
@@ -229,13 +218,7 @@ def test_denying_runs_nothing_and_the_model_receives_the_denial(probes):
     run = result.run
     denier = decider()
 
-    decided = run_decide(
-        run_uuid=run.uuid,
-        actor=denier,
-        approved=False,
-        turn_digest=run.pending_turn["turn_digest"],
-        mode="inline",
-    )
+    decided = decide_inline(run, actor=denier, approved=False)
 
     assert decided.outcome == Outcome.COMPLETED
     assert probes.seen == []
@@ -346,13 +329,7 @@ def test_four_eyes_a_colleagues_approval_runs_the_write(probes):
     result, _, _ = _suspended_write(probes, require_second_approver=True)
     colleague = decider()
 
-    decided = run_decide(
-        run_uuid=result.run.uuid,
-        actor=colleague,
-        approved=True,
-        turn_digest=result.run.pending_turn["turn_digest"],
-        mode="inline",
-    )
+    decided = decide_inline(result.run, actor=colleague)
 
     assert decided.outcome == Outcome.COMPLETED
     assert [s["tool"] for s in probes.seen] == ["probe_write"]
@@ -363,13 +340,7 @@ def test_four_eyes_a_colleagues_approval_runs_the_write(probes):
 def test_without_four_eyes_the_initiator_may_approve(probes):
     result, _, initiator = _suspended_write(probes)
 
-    decided = run_decide(
-        run_uuid=result.run.uuid,
-        actor=initiator,
-        approved=True,
-        turn_digest=result.run.pending_turn["turn_digest"],
-        mode="inline",
-    )
+    decided = decide_inline(result.run, actor=initiator)
 
     assert decided.outcome == Outcome.COMPLETED
     assert len(probes.seen) == 1
@@ -619,13 +590,7 @@ def test_a_tool_that_raises_and_invalid_arguments_become_results_the_model_sees(
 
     # An unknown tool fails closed (needs approval): approve the turn to see every result.
     assert result.outcome == Outcome.AWAITING_APPROVAL
-    decided = run_decide(
-        run_uuid=result.run.uuid,
-        actor=decider(),
-        approved=True,
-        turn_digest=result.run.pending_turn["turn_digest"],
-        mode="inline",
-    )
+    decided = decide_inline(result.run)
 
     run = decided.run
     assert decided.outcome == Outcome.COMPLETED
@@ -705,13 +670,7 @@ def test_a_turn_with_a_write_and_a_question_is_approved_then_asks_for_input(prob
     suspended = start(config(), script)
     assert suspended.outcome == Outcome.AWAITING_APPROVAL  # approval wins when both apply
 
-    approved = run_decide(
-        run_uuid=suspended.run.uuid,
-        actor=decider(),
-        approved=True,
-        turn_digest=suspended.run.pending_turn["turn_digest"],
-        mode="inline",
-    )
+    approved = decide_inline(suspended.run)
 
     assert approved.outcome == Outcome.AWAITING_INPUT
     assert [s["tool"] for s in probes.seen] == ["probe_write"]
@@ -746,13 +705,7 @@ def test_a_cancel_during_a_write_records_the_write_that_ran(probes):
     run = suspended.run
     probes.during = lambda entry: run_cancel(run_uuid=run.uuid, note="too late")
 
-    result = run_decide(
-        run_uuid=run.uuid,
-        actor=decider(),
-        approved=True,
-        turn_digest=run.pending_turn["turn_digest"],
-        mode="inline",
-    )
+    result = decide_inline(run)
 
     assert result.outcome == Outcome.CANCELLED
     assert [s["tool"] for s in probes.seen] == ["probe_write"]  # no further tool call
@@ -774,13 +727,7 @@ def test_the_fence_is_cleared_before_the_next_provider_call(probes):
     ]
     suspended = start(config(), script)
 
-    run_decide(
-        run_uuid=suspended.run.uuid,
-        actor=decider(),
-        approved=True,
-        turn_digest=suspended.run.pending_turn["turn_digest"],
-        mode="inline",
-    )
+    decide_inline(suspended.run)
 
     write, read = probes.seen
     assert write["row"]["pending_effect"] == Effect.IDEMPOTENT_WRITE

@@ -31,6 +31,7 @@ from tests.agentruns.runtime_support import (
     call,
     config,
     db_now,
+    decide_inline,
     events,
     sent,
     tool_turn,
@@ -65,6 +66,30 @@ def _wait_for(predicate, *, timeout: float = 20.0, interval: float = 0.05):
             return value
         time.sleep(interval)
     raise AssertionError("condition not reached in time")
+
+
+def _requesting(configuration, field: str):
+    """Wait until the run of ``configuration`` has recorded a provider request; its ``field``."""
+    return _wait_for(
+        lambda: (
+            AgentRun.objects.filter(configuration=configuration, events__kind=EventKind.REQUEST)
+            .values_list(field, flat=True)
+            .first()
+        )
+    )
+
+
+def _canceller(configuration) -> threading.Thread:
+    """A thread (not started) that cancels the run of ``configuration`` once it asked the model."""
+
+    def cancel() -> None:
+        try:
+            run_uuid = _requesting(configuration, "uuid")
+            run_cancel(run_uuid=run_uuid, note="from another thread")
+        finally:
+            connections.close_all()
+
+    return threading.Thread(target=cancel)
 
 
 # --- Lease lost between two steps (both databases) ------------------------------------------
@@ -121,9 +146,6 @@ def test_a_segment_whose_lease_was_taken_stops_and_the_new_holder_finishes(probe
 def test_a_zombie_write_never_starts_after_its_lease_was_taken(probes):
     """The lease moves between the read and the write of one approved turn: the write's fence
     stamp matches no row, so the body never runs and the zombie writes no event."""
-    from agentruns.services.runs import run_decide
-    from tests.agentruns.runtime_support import decider
-
     taken: dict = {}
 
     def take_during_read(entry):
@@ -138,13 +160,7 @@ def test_a_zombie_write_never_starts_after_its_lease_was_taken(probes):
     suspended = run_start_sync(configuration=config(), prompt="p", options={"script": script})
     probes.during = take_during_read
 
-    old = run_decide(
-        run_uuid=suspended.run.uuid,
-        actor=decider(),
-        approved=True,
-        turn_digest=suspended.run.pending_turn["turn_digest"],
-        mode="inline",
-    )
+    old = decide_inline(suspended.run)
 
     assert old.outcome == Outcome.LEASE_LOST
     assert [s["tool"] for s in probes.seen] == ["probe_read"]
@@ -172,15 +188,7 @@ def test_lease_taken_during_a_provider_call_from_another_connection():
 
     def reaper_and_worker():
         try:
-            run_id = _wait_for(
-                lambda: (
-                    AgentRun.objects.filter(
-                        configuration=configuration, events__kind=EventKind.REQUEST
-                    )
-                    .values_list("pk", flat=True)
-                    .first()
-                )
-            )
+            run_id = _requesting(configuration, "pk")
             taken["lease"] = take_over(run_id)
             taken["count"] = AgentRunEvent.objects.filter(run_id=run_id).count()
         finally:
@@ -272,22 +280,7 @@ def test_a_cancel_during_a_long_call_is_noticed_as_a_cancel():
     configuration = config(tools=["list_notes"])
     script = [{"tool_calls": [call("list_notes")], "delay": 1.5}, {"content": "never"}]
 
-    def canceller():
-        try:
-            run_uuid = _wait_for(
-                lambda: (
-                    AgentRun.objects.filter(
-                        configuration=configuration, events__kind=EventKind.REQUEST
-                    )
-                    .values_list("uuid", flat=True)
-                    .first()
-                )
-            )
-            run_cancel(run_uuid=run_uuid, note="from another thread")
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=canceller)
+    thread = _canceller(configuration)
     with short_lease(0.9):
         thread.start()
         result = run_start_sync(configuration=configuration, prompt="p", options={"script": script})
@@ -317,22 +310,7 @@ def test_a_cancel_during_a_provider_delay_stops_at_the_next_boundary():
     configuration = config(tools=["list_notes"])
     script = [{"tool_calls": [call("list_notes")], "delay": 0.8}, {"content": "never"}]
 
-    def canceller():
-        try:
-            run_uuid = _wait_for(
-                lambda: (
-                    AgentRun.objects.filter(
-                        configuration=configuration, events__kind=EventKind.REQUEST
-                    )
-                    .values_list("uuid", flat=True)
-                    .first()
-                )
-            )
-            run_cancel(run_uuid=run_uuid, note="from another thread")
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=canceller)
+    thread = _canceller(configuration)
     thread.start()
     result = run_start_sync(configuration=configuration, prompt="p", options={"script": script})
     thread.join()
