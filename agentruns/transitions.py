@@ -26,13 +26,16 @@ import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from enum import Enum
 from typing import Any, ParamSpec, TypeVar
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
-from django.db import DatabaseError, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Max, Q, Value
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Max, Q, Value
 from django.db.models.functions import Coalesce, Now
+from django.utils import timezone
 
 from agentruns import conf
 from agentruns.exceptions import (
@@ -133,25 +136,152 @@ def _next_sequence(run_id: int) -> int:
     return 0 if last is None else last + 1
 
 
+# --- The step boundary: precompiled SQL -------------------------------------------------------
+#
+# A step boundary is the runtime's most frequent write (two to five per round), so its
+# owner-guarded UPDATE and the event INSERT (used by every transition) bypass the ORM's query
+# building, which cost about ten times the statements themselves. What they write is what the ORM
+# would: values are adapted by the model fields (JSON as ``JSONField`` adapts it for the backend,
+# timestamps as ``DateTimeField``), and the database clock is read with the very SQL Django
+# compiles for ``Now()`` and ``Now() + duration``, so on SQLite (timestamps stored as text,
+# compared as text) a deadline written here compares with ``Now()`` exactly like one written by
+# the ORM.
+
+
+class DbValue(Enum):
+    """A value the database computes in a boundary ``UPDATE``."""
+
+    NOW = "now"  # the database clock
+    LEASE_DEADLINE = "lease_deadline"  # the database clock + LEASE_SECONDS
+    INCREMENT = "increment"  # the column + 1
+
+
+# The supported vendors (settings: SQLite or PostgreSQL). ``%%`` is a literal ``%``.
+_NOW_SQL = {
+    "postgresql": "STATEMENT_TIMESTAMP()",
+    "sqlite": "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')",
+}
+# Now() + a DurationField parameter, as Django compiles it (SQLite: a Python function that the
+# backend registers on every connection and that formats the sum as Django stores datetimes).
+_DEADLINE_SQL = {
+    "postgresql": "(STATEMENT_TIMESTAMP() + %s)",
+    "sqlite": "(django_format_dtdelta('+', STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'), %s))",
+}
+_RUN_FIELDS = {f.name: f for f in AgentRun._meta.concrete_fields}
+_EVENT_FIELDS = {f.name: f for f in AgentRunEvent._meta.concrete_fields}
+_EVENT_COLUMNS = (
+    "run",
+    "sequence",
+    "kind",
+    "segment",
+    "lease_epoch",
+    "duration_ms",
+    "payload",
+    "actor",
+    "created_at",
+)
+_SEGMENT_GUARD = ("id", "status", "claimed_by", "lease_epoch")
+_DURATION = DurationField()
+_EVENT_BATCH = 100  # rows per INSERT, far below any backend's parameter limit
+_sql_cache: dict[tuple[Any, ...], str] = {}
+
+
+def _execute(db: BaseDatabaseWrapper, sql: str, params: list[Any]) -> int:
+    """Run one statement; its row count. Like ``QuerySet.update``, an error marks an enclosing
+    ``atomic`` block for rollback."""
+    with transaction.mark_for_rollback_on_error(db.alias), db.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def _insert_sql(db: BaseDatabaseWrapper, rows: int) -> str:
+    key = ("insert", db.vendor, rows)
+    if key not in _sql_cache:
+        quote = db.ops.quote_name
+        columns = ", ".join(quote(_EVENT_FIELDS[name].column) for name in _EVENT_COLUMNS)
+        row = "(" + ", ".join(["%s"] * len(_EVENT_COLUMNS)) + ")"
+        _sql_cache[key] = (
+            f"INSERT INTO {quote(AgentRunEvent._meta.db_table)} ({columns}) "
+            f"VALUES {', '.join([row] * rows)}"
+        )
+    return _sql_cache[key]
+
+
 def _insert_events(
     run_id: int, first_sequence: int, segment: str, epoch: int, events: Iterable[EventSpec]
 ) -> int:
-    rows = [
-        AgentRunEvent(
-            run_id=run_id,
-            sequence=first_sequence + offset,
-            kind=spec.kind,
-            segment=segment,
-            lease_epoch=epoch,
-            duration_ms=spec.duration_ms,
-            payload=spec.payload,
-            actor_id=spec.actor_id,
+    """Append ``events`` numbered from ``first_sequence`` (one multi-row INSERT); the next
+    sequence. ``created_at`` is the app server's clock, as ``auto_now_add`` would set it."""
+    events = list(events)
+    if not events:
+        return first_sequence
+    db = connections[DEFAULT_DB_ALIAS]
+    created = _EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
+    payload = _EVENT_FIELDS["payload"]
+    for start in range(0, len(events), _EVENT_BATCH):
+        batch = events[start : start + _EVENT_BATCH]
+        params: list[Any] = []
+        for sequence, spec in enumerate(batch, start=first_sequence + start):
+            params += [
+                run_id,
+                sequence,
+                str(spec.kind),
+                segment,
+                epoch,
+                spec.duration_ms,
+                payload.get_db_prep_save(spec.payload, db),
+                spec.actor_id,
+                created,
+            ]
+        _execute(db, _insert_sql(db, len(batch)), params)
+    return first_sequence + len(events)
+
+
+def _update_sql(db: BaseDatabaseWrapper, shape: tuple[tuple[str, DbValue | None], ...]) -> str:
+    """``UPDATE`` of the columns in ``shape`` (a ``DbValue`` or ``None`` for a parameter) under
+    the owner guard."""
+    key = ("update", db.vendor, shape)
+    if key not in _sql_cache:
+        if db.vendor not in _NOW_SQL:
+            raise NotImplementedError(f"no boundary SQL for {db.vendor} (SQLite or PostgreSQL)")
+        quote = db.ops.quote_name
+        assignments = []
+        for name, computed in shape:
+            column = quote(_RUN_FIELDS[name].column)
+            if computed is DbValue.NOW:
+                assignments.append(f"{column} = {_NOW_SQL[db.vendor]}")
+            elif computed is DbValue.LEASE_DEADLINE:
+                assignments.append(f"{column} = {_DEADLINE_SQL[db.vendor]}")
+            elif computed is DbValue.INCREMENT:
+                assignments.append(f"{column} = {column} + 1")
+            else:
+                assignments.append(f"{column} = %s")
+        guard = " AND ".join(f"{quote(_RUN_FIELDS[name].column)} = %s" for name in _SEGMENT_GUARD)
+        _sql_cache[key] = (
+            f"UPDATE {quote(AgentRun._meta.db_table)} SET {', '.join(assignments)} WHERE {guard}"
         )
-        for offset, spec in enumerate(events)
-    ]
-    if rows:
-        AgentRunEvent.objects.bulk_create(rows)
-    return first_sequence + len(rows)
+    return _sql_cache[key]
+
+
+def _segment_update(lease: Lease, values: Mapping[str, Any]) -> bool:
+    """The owner-guarded ``UPDATE`` of ``values`` (and ``updated_at``); whether it took the row.
+
+    Guard: ``id``, ``running``, ``claimed_by`` = owner, ``lease_epoch`` = epoch.
+    """
+    db = connections[DEFAULT_DB_ALIAS]
+    shape: list[tuple[str, DbValue | None]] = []
+    params: list[Any] = []
+    for name, value in {**values, "updated_at": DbValue.NOW}.items():
+        if isinstance(value, DbValue):
+            shape.append((name, value))
+            if value is DbValue.LEASE_DEADLINE:
+                deadline = timedelta(seconds=conf.get("LEASE_SECONDS"))
+                params.append(_DURATION.get_db_prep_value(deadline, db))
+        else:
+            shape.append((name, None))
+            params.append(_RUN_FIELDS[name].get_db_prep_save(value, db))
+    params += [lease.run_id, str(Status.RUNNING), lease.owner, lease.epoch]
+    return _execute(db, _update_sql(db, tuple(shape)), params) == 1
 
 
 def _guarded_segment_write(
@@ -159,11 +289,10 @@ def _guarded_segment_write(
 ) -> bool:
     """One owner-guarded UPDATE, plus the events it carries in the same transaction."""
     events = list(events)
-    values = {**values, "updated_at": Now()}
     if not events:
-        return AgentRun.objects.filter(lease.as_filter()).update(**values) == 1
+        return _segment_update(lease, values)
     with transaction.atomic():
-        if AgentRun.objects.filter(lease.as_filter()).update(**values) != 1:
+        if not _segment_update(lease, values):
             return False
         lease.next_sequence = _insert_events(
             lease.run_id, lease.next_sequence, lease.owner, lease.epoch, events
@@ -271,7 +400,7 @@ def run_heartbeat(
 
     Guard: ``running``, ``claimed_by`` = owner, ``lease_epoch`` = epoch. ``False``: lease lost.
     """
-    values: dict[str, Any] = {"lease_expires": lease_deadline()}
+    values: dict[str, Any] = {"lease_expires": DbValue.LEASE_DEADLINE}
     if loop_state is not None:
         values["loop_state"] = dict(loop_state)
     return _guarded_segment_write(lease, values, events)
@@ -292,7 +421,7 @@ def run_stamp_fence(
     values: dict[str, Any] = {
         "pending_effect": effect,
         "pending_call": dict(call),
-        "lease_expires": lease_deadline(),
+        "lease_expires": DbValue.LEASE_DEADLINE,
     }
     if loop_state is not None:
         values["loop_state"] = dict(loop_state)
@@ -310,7 +439,7 @@ def run_clear_fence(
     values: dict[str, Any] = {
         "pending_effect": "",
         "pending_call": None,
-        "lease_expires": lease_deadline(),
+        "lease_expires": DbValue.LEASE_DEADLINE,
     }
     if loop_state is not None:
         values["loop_state"] = dict(loop_state)
@@ -361,7 +490,7 @@ def run_requeue(
         lease,
         {
             "status": Status.QUEUED,
-            "requeue_count": F("requeue_count") + 1,
+            "requeue_count": DbValue.INCREMENT,
             "claimed_by": "",
             "lease_expires": None,
             "pending_effect": "",
