@@ -531,6 +531,18 @@ def _lock_run(run_uuid: UUID | str) -> AgentRun:
         raise RunNotFound() from exc
 
 
+def _show_written(run: AgentRun, values: Mapping[str, Any]) -> None:
+    """Make ``run`` show what an ``UPDATE`` of ``values`` wrote without reading the row back:
+    plain values are set; values the database computed (expressions: the clock) are deferred,
+    so Django loads them on first access and a stale one is never seen."""
+    for name, value in values.items():
+        attname = _RUN_FIELDS[name].attname
+        if hasattr(value, "resolve_expression"):
+            run.__dict__.pop(attname, None)
+        else:
+            setattr(run, attname, value)
+
+
 def _check_turn(run: AgentRun, *, expected_status: str, turn_digest: str | None) -> None:
     """Refuse unless the run waits in ``expected_status`` on exactly the turn ``turn_digest``."""
     pending = run.pending_turn if isinstance(run.pending_turn, dict) else {}
@@ -551,7 +563,7 @@ def run_decide(
     expected_status: str,
     turn_digest: str | None,
     decision: Mapping[str, Any],
-    event: EventSpec,
+    event: EventSpec | Callable[[AgentRun], EventSpec],
     identity: str | None,
     check: Callable[[AgentRun], None] | None = None,
 ) -> Decided:
@@ -562,6 +574,11 @@ def run_decide(
     continues inline: ``running``, claimed by ``identity`` (a ``resume:`` segment), epoch + 1.
     Without, it is ``queued`` for a worker. ``decision`` is stored as ``loop_state["decision"]``
     and ``event`` is appended in the same transaction: audited if and only if it took effect.
+    ``event`` may be a function of the locked run (to name what was decided, e.g. the pending
+    calls, from the row the guard checked).
+
+    The returned run is not read back: it shows the values written, and the columns the
+    database computed (``lease_expires``, ``updated_at``) are deferred — loaded on first access.
 
     Raises ``RunNotFound``, ``StaleTurn``, ``AlreadyDecided``, ``NotWaiting`` or what ``check``
     raises; nothing changes then.
@@ -598,10 +615,12 @@ def run_decide(
         updated = AgentRun.objects.filter(pk=run.pk, status=expected_status).update(**values)
         if updated != 1:  # pragma: no cover - impossible under the row lock
             raise NotWaiting()
+        if callable(event):
+            event = event(run)
         next_sequence = _insert_events(run.pk, sequence, identity or "", epoch, [event])
         if identity:
             lease = Lease(run.pk, run.uuid, identity, epoch, next_sequence=next_sequence)
-        run.refresh_from_db()
+        _show_written(run, values)
     return Decided(run=run, lease=lease)
 
 

@@ -240,23 +240,30 @@ def run_decide(
         ):
             raise SelfApprovalRefused()
 
-    pending_calls = _pending(run_uuid).get("calls", [])
-    decided = transitions.run_decide(
-        run_uuid=run_uuid,
-        expected_status=Status.WAITING_FOR_APPROVAL,
-        turn_digest=turn_digest,
-        decision={"kind": "approval", "approved": approved, "decider_id": actor.pk},
-        event=transitions.EventSpec(
+    def approval_event(run: AgentRun) -> transitions.EventSpec:
+        # Built under the row lock, from the turn the digest was checked against.
+        pending = run.pending_turn if isinstance(run.pending_turn, dict) else {}
+        calls = pending.get("calls") if isinstance(pending.get("calls"), list) else []
+        return transitions.EventSpec(
             EventKind.APPROVAL,
             {
                 "approved": approved,
                 "turn_digest": turn_digest,
                 "mode": mode,
                 "decider": actor.get_username(),
-                "calls": [{"id": c.get("id"), "name": c.get("name")} for c in pending_calls],
+                "calls": [
+                    {"id": c.get("id"), "name": c.get("name")} for c in calls if isinstance(c, dict)
+                ],
             },
             actor_id=actor.pk,
-        ),
+        )
+
+    decided = transitions.run_decide(
+        run_uuid=run_uuid,
+        expected_status=Status.WAITING_FOR_APPROVAL,
+        turn_digest=turn_digest,
+        decision={"kind": "approval", "approved": approved, "decider_id": actor.pk},
+        event=approval_event,
         identity=identity,
         check=four_eyes,
     )
