@@ -18,6 +18,10 @@ Conventions:
   after the transaction rolled back.
 * Events written with a state change are inserted in the same transaction, after the guarded
   ``UPDATE`` took the row, so an event exists if and only if its change took effect.
+* Each transition is its guard and its values, handed to one of two writers: ``_segment_write``
+  (a segment's own writes under its lease: the step boundary, in precompiled SQL) or
+  ``_guarded_write`` (any other guard, through the ORM). Both add ``updated_at`` and take
+  database-computed values as ``DbValue`` (the clock, the lease deadline, an increment).
 """
 
 from __future__ import annotations
@@ -76,14 +80,6 @@ class Lease:
     owner: str
     epoch: int
     next_sequence: int
-
-    def as_filter(self) -> Q:
-        return Q(
-            pk=self.run_id,
-            status=Status.RUNNING,
-            claimed_by=self.owner,
-            lease_epoch=self.epoch,
-        )
 
 
 @dataclass
@@ -149,7 +145,7 @@ def _next_sequence(run_id: int) -> int:
 
 
 class DbValue(Enum):
-    """A value the database computes in a boundary ``UPDATE``."""
+    """A value the database computes in a guarded ``UPDATE``."""
 
     NOW = "now"  # the database clock
     LEASE_DEADLINE = "lease_deadline"  # the database clock + LEASE_SECONDS
@@ -284,10 +280,19 @@ def _segment_update(lease: Lease, values: Mapping[str, Any]) -> bool:
     return _execute(db, _update_sql(db, tuple(shape)), params) == 1
 
 
-def _guarded_segment_write(
-    lease: Lease, values: dict[str, Any], events: Iterable[EventSpec] = ()
+def _segment_write(
+    lease: Lease,
+    values: Mapping[str, Any],
+    events: Iterable[EventSpec] = (),
+    *,
+    loop_state: Mapping[str, Any] | None = None,
 ) -> bool:
-    """One owner-guarded UPDATE, plus the events it carries in the same transaction."""
+    """A segment's own write (the step boundary): one owner-guarded ``UPDATE`` of ``values``
+    (and ``updated_at``, and ``loop_state`` when given) in precompiled SQL, then ``events`` signed
+    by the lease and numbered from its counter, in one transaction. ``False``: the guard matched
+    nothing; nothing was written."""
+    if loop_state is not None:
+        values = {**values, "loop_state": dict(loop_state)}
     events = list(events)
     if not events:
         return _segment_update(lease, values)
@@ -297,6 +302,51 @@ def _guarded_segment_write(
         lease.next_sequence = _insert_events(
             lease.run_id, lease.next_sequence, lease.owner, lease.epoch, events
         )
+    return True
+
+
+def _orm_value(name: str, value: Any) -> Any:
+    if value is DbValue.NOW:
+        return Now()
+    if value is DbValue.LEASE_DEADLINE:
+        return lease_deadline()
+    if value is DbValue.INCREMENT:
+        return F(name) + 1
+    return value
+
+
+def _guarded_write(
+    run_id: int,
+    guard: Q,
+    values: Mapping[str, Any],
+    events: Iterable[EventSpec] = (),
+    *,
+    segment: str = "",
+    epoch: int = 0,
+    lease: Lease | None = None,
+    savepoint: bool = True,
+) -> bool:
+    """Every other state change: one ``UPDATE`` of ``values`` (and ``updated_at``) on the run
+    ``run_id`` filtered by ``guard``, then ``events`` numbered from the table (the ``UPDATE`` holds
+    the row until commit), in one transaction. Events are signed ``segment``/``epoch``, or by
+    ``lease`` (a claim just made), whose counter then continues after them. ``False``: the guard
+    matched nothing; nothing was written.
+
+    Inside a caller's transaction (the reaper's batch) the write is a savepoint, so a failure
+    undoes only it; ``savepoint=False`` when the caller's transaction is the transition's own."""
+    events = list(events)
+    with transaction.atomic(savepoint=savepoint):
+        updated = AgentRun.objects.filter(Q(pk=run_id) & guard).update(
+            **{name: _orm_value(name, value) for name, value in values.items()},
+            updated_at=Now(),
+        )
+        if updated != 1:
+            return False
+        if events:
+            signer = (lease.owner, lease.epoch) if lease is not None else (segment, epoch)
+            end = _insert_events(run_id, _next_sequence(run_id), *signer, events)
+            if lease is not None:
+                lease.next_sequence = end
     return True
 
 
@@ -364,29 +414,21 @@ def run_claim_queued(*, run_id: int, identity: str) -> Lease | None:
     row = AgentRun.objects.filter(pk=run_id).values("status", "lease_epoch", "uuid").first()
     if row is None or row["status"] != Status.QUEUED:
         return None
-    epoch = row["lease_epoch"] + 1
-    with transaction.atomic():
-        claimed = AgentRun.objects.filter(
-            pk=run_id, status=Status.QUEUED, lease_epoch=row["lease_epoch"]
-        ).update(
-            status=Status.RUNNING,
-            claimed_by=identity,
-            lease_expires=lease_deadline(),
-            lease_epoch=epoch,
-            started_at=Coalesce(F("started_at"), Now()),
-            updated_at=Now(),
-        )
-        if claimed != 1:
-            return None
-        lease = Lease(run_id, row["uuid"], identity, epoch, next_sequence=_next_sequence(run_id))
-        lease.next_sequence = _insert_events(
-            run_id,
-            lease.next_sequence,
-            identity,
-            epoch,
-            [EventSpec(EventKind.LEASE, {"action": "claimed"})],
-        )
-    return lease
+    lease = Lease(run_id, row["uuid"], identity, row["lease_epoch"] + 1, next_sequence=0)
+    claimed = _guarded_write(
+        run_id,
+        Q(status=Status.QUEUED, lease_epoch=row["lease_epoch"]),
+        {
+            "status": Status.RUNNING,
+            "claimed_by": identity,
+            "lease_expires": DbValue.LEASE_DEADLINE,
+            "lease_epoch": lease.epoch,
+            "started_at": Coalesce(F("started_at"), Now()),
+        },
+        [EventSpec(EventKind.LEASE, {"action": "claimed"})],
+        lease=lease,
+    )
+    return lease if claimed else None
 
 
 @_state_write
@@ -400,10 +442,9 @@ def run_heartbeat(
 
     Guard: ``running``, ``claimed_by`` = owner, ``lease_epoch`` = epoch. ``False``: lease lost.
     """
-    values: dict[str, Any] = {"lease_expires": DbValue.LEASE_DEADLINE}
-    if loop_state is not None:
-        values["loop_state"] = dict(loop_state)
-    return _guarded_segment_write(lease, values, events)
+    return _segment_write(
+        lease, {"lease_expires": DbValue.LEASE_DEADLINE}, events, loop_state=loop_state
+    )
 
 
 @_state_write
@@ -418,14 +459,15 @@ def run_stamp_fence(
 
     ``False``: lease lost — the write must not start.
     """
-    values: dict[str, Any] = {
-        "pending_effect": effect,
-        "pending_call": dict(call),
-        "lease_expires": DbValue.LEASE_DEADLINE,
-    }
-    if loop_state is not None:
-        values["loop_state"] = dict(loop_state)
-    return _guarded_segment_write(lease, values)
+    return _segment_write(
+        lease,
+        {
+            "pending_effect": effect,
+            "pending_call": dict(call),
+            "lease_expires": DbValue.LEASE_DEADLINE,
+        },
+        loop_state=loop_state,
+    )
 
 
 @_state_write
@@ -436,14 +478,12 @@ def run_clear_fence(
     events: Iterable[EventSpec] = (),
 ) -> bool:
     """Clear the fence after the tool ran (a heartbeat too). ``False``: lease lost."""
-    values: dict[str, Any] = {
-        "pending_effect": "",
-        "pending_call": None,
-        "lease_expires": DbValue.LEASE_DEADLINE,
-    }
-    if loop_state is not None:
-        values["loop_state"] = dict(loop_state)
-    return _guarded_segment_write(lease, values, events)
+    return _segment_write(
+        lease,
+        {"pending_effect": "", "pending_call": None, "lease_expires": DbValue.LEASE_DEADLINE},
+        events,
+        loop_state=loop_state,
+    )
 
 
 @_state_write
@@ -462,16 +502,16 @@ def run_suspend(
     """
     if status not in {Status.WAITING_FOR_APPROVAL, Status.WAITING_FOR_INPUT}:
         raise ValueError(f"cannot suspend into {status!r}")
-    return _guarded_segment_write(
+    return _segment_write(
         lease,
         {
             "status": status,
             "pending_turn": dict(pending_turn),
-            "loop_state": dict(loop_state),
             "claimed_by": "",
             "lease_expires": None,
         },
         events,
+        loop_state=loop_state,
     )
 
 
@@ -486,7 +526,7 @@ def run_requeue(
 
     Guard: owner. Claim and fence cleared. ``False``: lease lost.
     """
-    return _guarded_segment_write(
+    return _segment_write(
         lease,
         {
             "status": Status.QUEUED,
@@ -508,17 +548,14 @@ def run_notice_cancel(lease: Lease, *, events: Iterable[EventSpec] = ()) -> bool
     Guard: ``cancelled`` and still naming this owner and epoch (a cancel keeps the claim so the
     holder can recognise it). Releases the claim; the terminal outcome is untouched.
     """
-    with transaction.atomic():
-        released = AgentRun.objects.filter(
-            pk=lease.run_id,
-            status=Status.CANCELLED,
-            claimed_by=lease.owner,
-            lease_epoch=lease.epoch,
-        ).update(claimed_by="", updated_at=Now())
-        if released != 1:
-            return False
-        _insert_events(lease.run_id, _next_sequence(lease.run_id), lease.owner, lease.epoch, events)
-    return True
+    return _guarded_write(
+        lease.run_id,
+        Q(status=Status.CANCELLED, claimed_by=lease.owner, lease_epoch=lease.epoch),
+        {"claimed_by": ""},
+        events,
+        segment=lease.owner,
+        epoch=lease.epoch,
+    )
 
 
 # --- Decisions (read, check and claim under the row lock) ----------------------------------------
@@ -537,7 +574,7 @@ def _show_written(run: AgentRun, values: Mapping[str, Any]) -> None:
     so Django loads them on first access and a stale one is never seen."""
     for name, value in values.items():
         attname = _RUN_FIELDS[name].attname
-        if hasattr(value, "resolve_expression"):
+        if isinstance(value, DbValue) or hasattr(value, "resolve_expression"):
             run.__dict__.pop(attname, None)
         else:
             setattr(run, attname, value)
@@ -591,36 +628,35 @@ def run_decide(
         state = dict(run.loop_state) if isinstance(run.loop_state, dict) else {}
         state["decision"] = dict(decision)
         state["decided_digests"] = [*state.get("decided_digests", []), turn_digest][-50:]
-        sequence = _next_sequence(run.pk)
         values: dict[str, Any] = {
             "loop_state": state,
             "pending_turn": None,
             # A reconciliation verdict resolves the in-doubt write: the fence has done its job.
             "pending_effect": "",
             "pending_call": None,
-            "updated_at": Now(),
         }
         lease = None
         if identity:
-            epoch = run.lease_epoch + 1
+            lease = Lease(run.pk, run.uuid, identity, run.lease_epoch + 1, next_sequence=0)
             values.update(
                 status=Status.RUNNING,
                 claimed_by=identity,
-                lease_expires=lease_deadline(),
-                lease_epoch=epoch,
+                lease_expires=DbValue.LEASE_DEADLINE,
+                lease_epoch=lease.epoch,
             )
         else:
-            epoch = run.lease_epoch
             values.update(status=Status.QUEUED)
-        updated = AgentRun.objects.filter(pk=run.pk, status=expected_status).update(**values)
-        if updated != 1:  # pragma: no cover - impossible under the row lock
+        if not _guarded_write(
+            run.pk,
+            Q(status=expected_status),
+            values,
+            [event(run) if callable(event) else event],
+            epoch=run.lease_epoch,
+            lease=lease,
+            savepoint=False,
+        ):  # pragma: no cover - impossible under the row lock
             raise NotWaiting()
-        if callable(event):
-            event = event(run)
-        next_sequence = _insert_events(run.pk, sequence, identity or "", epoch, [event])
-        if identity:
-            lease = Lease(run.pk, run.uuid, identity, epoch, next_sequence=next_sequence)
-        _show_written(run, values)
+        _show_written(run, {**values, "updated_at": DbValue.NOW})
     return Decided(run=run, lease=lease)
 
 
@@ -644,19 +680,25 @@ def run_reconcile_abandon(
             check(run)
         state = dict(run.loop_state) if isinstance(run.loop_state, dict) else {}
         state["decided_digests"] = [*state.get("decided_digests", []), turn_digest][-50:]
-        AgentRun.objects.filter(pk=run.pk, status=Status.WAITING_FOR_RECONCILIATION).update(
-            status=Status.FAILED,
-            termination_reason=TerminationReason.RECONCILED_ABANDONED,
-            loop_state=state,
-            pending_turn=None,
-            claimed_by="",
-            lease_expires=None,
-            pending_effect="",
-            pending_call=None,
-            finished_at=Now(),
-            updated_at=Now(),
-        )
-        _insert_events(run.pk, _next_sequence(run.pk), "", run.lease_epoch, [event])
+        if not _guarded_write(
+            run.pk,
+            Q(status=Status.WAITING_FOR_RECONCILIATION),
+            {
+                "status": Status.FAILED,
+                "termination_reason": TerminationReason.RECONCILED_ABANDONED,
+                "loop_state": state,
+                "pending_turn": None,
+                "claimed_by": "",
+                "lease_expires": None,
+                "pending_effect": "",
+                "pending_call": None,
+                "finished_at": DbValue.NOW,
+            },
+            [event],
+            epoch=run.lease_epoch,
+            savepoint=False,
+        ):  # pragma: no cover - impossible under the row lock
+            raise NotWaiting()
         run.refresh_from_db()
     return run
 
@@ -664,8 +706,8 @@ def run_reconcile_abandon(
 # --- The reaper's transitions (called inside its locked batch) -----------------------------------
 
 
-def _stale(run_id: int) -> Q:
-    return Q(pk=run_id, status=Status.RUNNING, lease_expires__lt=Now())
+def _stale() -> Q:
+    return Q(status=Status.RUNNING, lease_expires__lt=Now())
 
 
 @_state_write
@@ -675,20 +717,20 @@ def run_reclaim_stale(*, run_id: int, segment: str, event: EventSpec) -> bool:
     Guard: ``running`` and ``lease_expires < Now()``, re-checked in the UPDATE itself. ``False``:
     the holder renewed meanwhile — skip it.
     """
-    with transaction.atomic():
-        reclaimed = AgentRun.objects.filter(_stale(run_id)).update(
-            status=Status.QUEUED,
-            requeue_count=F("requeue_count") + 1,
-            claimed_by="",
-            lease_expires=None,
-            pending_effect="",
-            pending_call=None,
-            updated_at=Now(),
-        )
-        if reclaimed != 1:
-            return False
-        _insert_events(run_id, _next_sequence(run_id), segment, 0, [event])
-    return True
+    return _guarded_write(
+        run_id,
+        _stale(),
+        {
+            "status": Status.QUEUED,
+            "requeue_count": DbValue.INCREMENT,
+            "claimed_by": "",
+            "lease_expires": None,
+            "pending_effect": "",
+            "pending_call": None,
+        },
+        [event],
+        segment=segment,
+    )
 
 
 @_state_write
@@ -700,20 +742,18 @@ def run_mark_in_doubt(
     Guard: ``running``, ``lease_expires < Now()`` and fence ``non_idempotent_write``. Claim and
     lease cleared; ``pending_effect``/``pending_call`` kept for the reconciler. ``False``: skip.
     """
-    with transaction.atomic():
-        marked = AgentRun.objects.filter(
-            _stale(run_id), pending_effect=Effect.NON_IDEMPOTENT_WRITE
-        ).update(
-            status=Status.WAITING_FOR_RECONCILIATION,
-            claimed_by="",
-            lease_expires=None,
-            pending_turn=dict(pending_turn),
-            updated_at=Now(),
-        )
-        if marked != 1:
-            return False
-        _insert_events(run_id, _next_sequence(run_id), segment, 0, [event])
-    return True
+    return _guarded_write(
+        run_id,
+        _stale() & Q(pending_effect=Effect.NON_IDEMPOTENT_WRITE),
+        {
+            "status": Status.WAITING_FOR_RECONCILIATION,
+            "claimed_by": "",
+            "lease_expires": None,
+            "pending_turn": dict(pending_turn),
+        },
+        [event],
+        segment=segment,
+    )
 
 
 @_state_write
@@ -726,21 +766,19 @@ def run_settle_undispatched(
     Guard: ``queued``, unclaimed and still at ``lease_epoch`` (the epoch the reclaim left), so a
     worker that claimed it meanwhile (a stale or duplicate task) keeps it. ``False``: skip.
     """
-    with transaction.atomic():
-        settled = AgentRun.objects.filter(
-            pk=run_id, status=Status.QUEUED, claimed_by="", lease_epoch=lease_epoch
-        ).update(
-            status=Status.FAILED,
-            termination_reason=TerminationReason.NOT_RETRYABLE,
-            error=dict(error),
-            pending_turn=None,
-            finished_at=Now(),
-            updated_at=Now(),
-        )
-        if settled != 1:
-            return False
-        _insert_events(run_id, _next_sequence(run_id), segment, 0, [event])
-    return True
+    return _guarded_write(
+        run_id,
+        Q(status=Status.QUEUED, claimed_by="", lease_epoch=lease_epoch),
+        {
+            "status": Status.FAILED,
+            "termination_reason": TerminationReason.NOT_RETRYABLE,
+            "error": dict(error),
+            "pending_turn": None,
+            "finished_at": DbValue.NOW,
+        },
+        [event],
+        segment=segment,
+    )
 
 
 @_state_write
@@ -757,14 +795,13 @@ def run_mark_redispatched(
     cutoff = ExpressionWrapper(
         Now() - Value(timedelta(seconds=older_than_seconds)), output_field=DateTimeField()
     )
-    with transaction.atomic():
-        touched = AgentRun.objects.filter(
-            pk=run_id, status=Status.QUEUED, claimed_by="", updated_at__lt=cutoff
-        ).update(updated_at=Now())
-        if touched != 1:
-            return False
-        _insert_events(run_id, _next_sequence(run_id), segment, 0, [event])
-    return True
+    return _guarded_write(
+        run_id,
+        Q(status=Status.QUEUED, claimed_by="", updated_at__lt=cutoff),
+        {},
+        [event],
+        segment=segment,
+    )
 
 
 # --- Endings -------------------------------------------------------------------------------------
@@ -792,12 +829,6 @@ def run_settle(
     """
     if status not in TERMINAL_STATUSES:
         raise ValueError(f"{status!r} is not terminal")
-    if lease is not None:
-        guard = lease.as_filter()
-    elif stale_only:
-        guard = _stale(run_id)
-    else:
-        guard = Q(pk=run_id, status__in=NON_TERMINAL)
     values: dict[str, Any] = {
         "status": status,
         "termination_reason": reason,
@@ -808,22 +839,13 @@ def run_settle(
         "pending_effect": "",
         "pending_call": None,
         "pending_turn": None,
-        "finished_at": Now(),
-        "updated_at": Now(),
+        "finished_at": DbValue.NOW,
         **dict(totals or {}),
     }
-    with transaction.atomic():
-        if AgentRun.objects.filter(guard).update(**values) != 1:
-            return False
-        events = list(events)
-        if events:
-            if lease is not None:
-                lease.next_sequence = _insert_events(
-                    run_id, lease.next_sequence, lease.owner, lease.epoch, events
-                )
-            else:
-                _insert_events(run_id, _next_sequence(run_id), segment, 0, events)
-    return True
+    if lease is not None:
+        return _segment_write(lease, values, events)
+    guard = _stale() if stale_only else Q(status__in=NON_TERMINAL)
+    return _guarded_write(run_id, guard, values, events, segment=segment)
 
 
 @_state_write
@@ -833,25 +855,18 @@ def run_cancel(*, run_id: int, actor_id: int | None = None, note: str = "") -> b
     A running holder keeps its ``claimed_by``/``lease_epoch`` so that it recognises the cancel at
     its next boundary (``run_notice_cancel``); the lease itself ends now.
     """
-    with transaction.atomic():
-        cancelled = AgentRun.objects.filter(pk=run_id, status__in=NON_TERMINAL).update(
-            status=Status.CANCELLED,
-            termination_reason=TerminationReason.CANCELLED,
-            lease_expires=None,
-            pending_turn=None,
-            finished_at=Now(),
-            updated_at=Now(),
-        )
-        if cancelled != 1:
-            return False
-        _insert_events(
-            run_id,
-            _next_sequence(run_id),
-            "",
-            0,
-            [EventSpec(EventKind.CANCEL, {"note": note}, actor_id=actor_id)],
-        )
-    return True
+    return _guarded_write(
+        run_id,
+        Q(status__in=NON_TERMINAL),
+        {
+            "status": Status.CANCELLED,
+            "termination_reason": TerminationReason.CANCELLED,
+            "lease_expires": None,
+            "pending_turn": None,
+            "finished_at": DbValue.NOW,
+        },
+        [EventSpec(EventKind.CANCEL, {"note": note}, actor_id=actor_id)],
+    )
 
 
 @_state_write
@@ -866,24 +881,24 @@ def run_abandon(lease: Lease, *, note: str = "") -> bool:
     sequenced from the table, not from the segment's counter. ``False``: fenced, already paused
     or ended, or the lease was lost — nothing changed.
     """
-    with transaction.atomic():
-        settled = AgentRun.objects.filter(lease.as_filter(), pending_effect="").update(
-            status=Status.FAILED,
-            termination_reason=TerminationReason.ABANDONED,
-            error={"type": "Abandoned", "message": "the client went away mid-stream"},
-            claimed_by="",
-            lease_expires=None,
-            pending_turn=None,
-            finished_at=Now(),
-            updated_at=Now(),
-        )
-        if settled != 1:
-            return False
-        _insert_events(
-            lease.run_id,
-            _next_sequence(lease.run_id),
-            lease.owner,
-            lease.epoch,
-            [EventSpec(EventKind.LEASE, {"action": "abandoned", "note": note})],
-        )
-    return True
+    return _guarded_write(
+        lease.run_id,
+        Q(
+            status=Status.RUNNING,
+            claimed_by=lease.owner,
+            lease_epoch=lease.epoch,
+            pending_effect="",
+        ),
+        {
+            "status": Status.FAILED,
+            "termination_reason": TerminationReason.ABANDONED,
+            "error": {"type": "Abandoned", "message": "the client went away mid-stream"},
+            "claimed_by": "",
+            "lease_expires": None,
+            "pending_turn": None,
+            "finished_at": DbValue.NOW,
+        },
+        [EventSpec(EventKind.LEASE, {"action": "abandoned", "note": note})],
+        segment=lease.owner,
+        epoch=lease.epoch,
+    )

@@ -24,11 +24,12 @@ RESUMER = "resume:host-c:300"
 
 
 def statements(captured: CaptureQueriesContext) -> Counter:
-    """The data statements issued (transaction control left out)."""
+    """The statements issued, but for BEGIN/COMMIT."""
     kinds = Counter(query["sql"].split(None, 1)[0].upper() for query in captured.captured_queries)
-    return Counter({k: n for k, n in kinds.items() if k in {"SELECT", "UPDATE", "INSERT"}})
+    return Counter({k: n for k, n in kinds.items() if k not in {"BEGIN", "COMMIT"}})
 
 
+@pytest.mark.django_db(transaction=True)  # the decision's own transaction, not a test savepoint
 @pytest.mark.parametrize("identity", [RESUMER, None], ids=["inline", "queued"])
 def test_a_decision_reads_the_run_once_and_does_not_read_it_back(identity):
     lease = start()
@@ -44,7 +45,7 @@ def test_a_decision_reads_the_run_once_and_does_not_read_it_back(identity):
             identity=identity,
         )
 
-    # The locked row, the next event sequence, the guarded UPDATE, the event.
+    # The locked row, the next event sequence, the guarded UPDATE, the event; no savepoint.
     assert statements(captured) == Counter({"SELECT": 2, "UPDATE": 1, "INSERT": 1})
     # The returned run shows what was written; the database clock's columns load on access.
     assert decided.run.status == (Status.RUNNING if identity else Status.QUEUED)
