@@ -1,0 +1,84 @@
+"""A real MCP server (the ``mcp`` SDK's ``MCPServer``) over stdio, for remote-tool tests.
+
+Run as a script: ``python tests/support/mcp_stdio_server.py [CALL_LOG]``. It imports neither
+Django nor the project, so the client can start it with a bare environment. Tools (the same
+names as ``tests.support.mcp_server.TicketServer``):
+
+* ``create_ticket(title)`` — returns ``{"ticket": n, "title": title, "meta": <the request's
+  _meta>}``, so a test sees the idempotency key the client sent in the tool event's result. It
+  claims to be read-only and idempotent (hints must decide nothing).
+* ``echo(text)`` — returns the text.
+* ``fail()`` — answers with ``isError``.
+
+With ``CALL_LOG`` every tool call appends one JSON line (``{"tool", "arguments", "meta"}``)
+to that file, so a test can count the calls that reached the process. ``STDIO_COMMAND`` is
+the ``McpServer.command`` that starts it with the running interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ToolAnnotations
+
+SCRIPT = Path(__file__).resolve()
+
+
+def stdio_command(call_log: Path | None = None) -> str:
+    """The ``McpServer.command`` that starts this server with the current interpreter."""
+    argv = [sys.executable, str(SCRIPT)] + ([str(call_log)] if call_log else [])
+    return shlex.join(argv)
+
+
+def read_calls(call_log: Path) -> list[dict[str, Any]]:
+    """The calls recorded in ``call_log`` (none when the file does not exist)."""
+    if not call_log.exists():
+        return []
+    return [json.loads(line) for line in call_log.read_text().splitlines() if line.strip()]
+
+
+def build(call_log: Path | None) -> Any:
+    server = MCPServer("tickets-stdio", log_level="WARNING")
+    tickets: list[str] = []
+
+    def record(tool: str, arguments: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        meta = dict(ctx.request_context.meta or {})
+        if call_log is not None:
+            with call_log.open("a") as out:
+                out.write(json.dumps({"tool": tool, "arguments": arguments, "meta": meta}) + "\n")
+        return meta
+
+    @server.tool(
+        annotations=ToolAnnotations(
+            read_only_hint=True, idempotent_hint=True, destructive_hint=False
+        )
+    )
+    def create_ticket(title: str, ctx: Context) -> dict[str, Any]:
+        """Open a ticket with a title."""
+        meta = record("create_ticket", {"title": title}, ctx)
+        tickets.append(title)
+        return {"ticket": len(tickets), "title": title, "meta": meta}
+
+    @server.tool()
+    def echo(text: str, ctx: Context) -> str:
+        """Return the text."""
+        record("echo", {"text": text}, ctx)
+        return text
+
+    @server.tool()
+    def fail(ctx: Context) -> str:
+        """Always fails."""
+        record("fail", {}, ctx)
+        raise ToolError("the ticket system is read-only today")
+
+    return server
+
+
+if __name__ == "__main__":
+    build(Path(sys.argv[1]) if len(sys.argv) > 1 else None).run("stdio")
