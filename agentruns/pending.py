@@ -61,6 +61,9 @@ class PendingTurn:
     turn_digest: str = ""
     calls: tuple[PendingCall, ...] = ()
     input_schema: dict[str, Any] | None = None
+    # The input schema's property keys as the tool declared them (jsonb may reorder the stored
+    # schema's keys); not covered by the digest, only an order for showing the fields.
+    field_order: tuple[str, ...] = ()
     idempotency_key: str = ""
     segment: str = ""
     lease_epoch: int | None = None
@@ -145,7 +148,16 @@ def _read(run: AgentRun) -> PendingTurn:
         if not isinstance(schema, dict):
             raise _Unreadable("it has no input schema")
         _check_digest(digest, turn_digest([_as_digested(call)], input_schema=schema))
-        return PendingTurn(kind=INPUT, turn_digest=digest, calls=(call,), input_schema=schema)
+        order = raw.get("field_order")
+        return PendingTurn(
+            kind=INPUT,
+            turn_digest=digest,
+            calls=(call,),
+            input_schema=schema,
+            field_order=tuple(k for k in order if isinstance(k, str))
+            if isinstance(order, list)
+            else (),
+        )
 
     call = _call(raw.get("call"), where="the call in flight")
     _check_digest(digest, turn_digest([_as_digested(call)]))

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from agentruns.input_forms import InputSpec, InputValuesForm, input_spec
 from agentruns.models import AgentRun
 from agentruns.pending import INPUT, PendingTurn, read_pending_turn, waits_for_a_human
-from approvals.forms import InputSpec, InputValuesForm, input_spec
 
 
 @dataclass
@@ -47,5 +47,5 @@ def card_for(run: AgentRun) -> Card | None:
     pending = read_pending_turn(run)
     if pending.kind != INPUT:
         return Card(run=run, pending=pending)
-    spec = input_spec(pending.input_schema or {})
+    spec = input_spec(pending.input_schema or {}, order=pending.field_order)
     return Card(run=run, pending=pending, spec=spec, form=input_form(run, spec))

@@ -1,4 +1,5 @@
-"""Playground forms: what to run, and a human's input values parsed by their schema's types."""
+"""Playground forms: what to run. (A human's input values are parsed by
+``agentruns.input_forms``, the form the approvals inbox uses too.)"""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ from typing import Any
 
 from django import forms
 from django.core.validators import MaxValueValidator
-from django.http import QueryDict
 
 from agentruns import conf
 from agentruns.models import AgentConfiguration
@@ -61,51 +61,3 @@ class RunForm(forms.Form):
             "prompt": data["prompt"],
             "options": options or None,
         }
-
-
-def input_fields(schema: Any) -> list[dict[str, Any]]:
-    """The fields of an input schema's properties, for rendering the input form."""
-    schema = schema if isinstance(schema, dict) else {}
-    required = set(schema.get("required") or [])
-    fields = []
-    for name, prop in (schema.get("properties") or {}).items():
-        prop = prop if isinstance(prop, dict) else {}
-        kind = prop.get("type", "string")
-        fields.append(
-            {
-                "name": name,
-                "label": prop.get("title") or name,
-                "type": kind,
-                "enum": prop.get("enum") or [],
-                "required": name in required,
-                "description": prop.get("description", ""),
-            }
-        )
-    return fields
-
-
-def input_values(schema: Any, data: QueryDict) -> dict[str, Any]:
-    """Values from a submitted input form, converted by each property's type.
-
-    Empty fields are left out; a value that does not convert is passed on as text so that the
-    schema validation (in the service) names the problem.
-    """
-    values: dict[str, Any] = {}
-    for field in input_fields(schema):
-        name, kind = field["name"], field["type"]
-        if kind == "boolean":
-            values[name] = data.get(f"value_{name}") in {"on", "true", "1"}
-            continue
-        raw = data.get(f"value_{name}", "")
-        if raw == "":
-            continue
-        try:
-            if kind == "integer":
-                values[name] = int(raw)
-            elif kind == "number":
-                values[name] = float(raw)
-            else:
-                values[name] = raw
-        except ValueError:
-            values[name] = raw
-    return values

@@ -19,17 +19,20 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from agentruns import selectors
-from agentruns.exceptions import InvalidRequest, LeaseholdError, RunNotFound
+from agentruns.exceptions import InvalidInput, InvalidRequest, LeaseholdError, RunNotFound
+from agentruns.input_forms import InputSpec, InputValuesForm, input_spec
 from agentruns.models import AgentRun
+from agentruns.pending import INPUT, read_pending_turn
 from agentruns.services import runs
 from agentruns.services.runtime import SegmentResult
 from agentruns.transitions import EventSpec
 from playground import trace
-from playground.forms import RunForm, input_fields, input_values
+from playground.forms import RunForm
 from playground.stream import RunStream
 
 PERMISSION = "agentruns.use_playground"
 HISTORY_LENGTH = 20
+INPUT_PREFIX = "value"  # the input form's field names: value-f0, value-f1, …
 NDJSON = "application/x-ndjson"
 
 
@@ -45,7 +48,20 @@ playground_required = user_passes_test(may_use_playground, login_url="admin:logi
 # --- Rendering helpers ---------------------------------------------------------------------------
 
 
-def _pending_context(run: AgentRun) -> dict[str, Any]:
+def _input_form(
+    run: AgentRun, data: Any | None = None
+) -> tuple[InputSpec | None, InputValuesForm | None, str]:
+    """The input turn's spec and form (``None`` form when the spec cannot be offered), or no
+    spec and the reason the stored turn cannot be read."""
+    pending = read_pending_turn(run)
+    if pending.kind != INPUT:
+        return None, None, pending.problem
+    spec = input_spec(pending.input_schema or {}, order=pending.field_order)
+    form = InputValuesForm(data, spec=spec, prefix=INPUT_PREFIX) if spec.usable else None
+    return spec, form, ""
+
+
+def _pending_context(run: AgentRun, input_form: InputValuesForm | None = None) -> dict[str, Any]:
     turn = run.pending_turn if isinstance(run.pending_turn, dict) else {}
     context: dict[str, Any] = {"run": run, "turn": turn, "timeline_url": trace.timeline_url(run)}
     if turn.get("kind") == "approval":
@@ -56,13 +72,24 @@ def _pending_context(run: AgentRun) -> dict[str, Any]:
     elif turn.get("kind") == "input":
         call = turn.get("call") or {}
         context["input_call"] = {**call, "args": trace.pretty(call.get("arguments", {}))}
-        context["input_fields"] = input_fields(turn.get("input_schema"))
+        if input_form is not None:  # a posted form, re-shown with its errors
+            spec, form, problem = input_form.spec, input_form, ""
+        else:
+            spec, form, problem = _input_form(run)
+        context.update(input_spec=spec, input_form=form, input_problem=problem)
     return context
 
 
-def _outcome_html(request: HttpRequest, run: AgentRun, outcome: str = "") -> str:
+def _outcome_html(
+    request: HttpRequest,
+    run: AgentRun,
+    outcome: str = "",
+    input_form: InputValuesForm | None = None,
+) -> str:
     return render_to_string(
-        "playground/_outcome.html", {**_pending_context(run), "outcome": outcome}, request=request
+        "playground/_outcome.html",
+        {**_pending_context(run, input_form), "outcome": outcome},
+        request=request,
     )
 
 
@@ -109,10 +136,13 @@ def _stream(request: HttpRequest, start: Callable[..., SegmentResult]) -> Stream
     return response
 
 
-def _stream_refused(exc: LeaseholdError, status: int | None = None) -> JsonResponse:
-    return JsonResponse(
-        {"event": "error", **exc.as_dict()}, status=status or exc.status, content_type=NDJSON
-    )
+def _stream_refused(
+    exc: LeaseholdError, status: int | None = None, *, html: str | None = None
+) -> JsonResponse:
+    """A refusal before anything ran; ``html`` (optional) replaces the outcome (e.g. the input
+    form again, with its errors and the values kept)."""
+    body = {"event": "error", **exc.as_dict(), **({"html": html} if html is not None else {})}
+    return JsonResponse(body, status=status or exc.status, content_type=NDJSON)
 
 
 def _bool(value: str | None) -> bool | None:
@@ -158,6 +188,26 @@ def run_stream(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _run_page(
+    request: HttpRequest,
+    run: AgentRun,
+    *,
+    input_form: InputValuesForm | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    steps = trace.stored_steps(selectors.run_events(run=run))
+    return render(
+        request,
+        "playground/run.html",
+        {
+            **_pending_context(run, input_form),
+            "steps": [trace.render_step(s) for s in steps],
+            "outcome_html": _outcome_html(request, run, input_form=input_form),
+        },
+        status=status,
+    )
+
+
 @require_GET
 @playground_required
 def run_detail(request: HttpRequest, uuid: str) -> HttpResponse:
@@ -165,16 +215,7 @@ def run_detail(request: HttpRequest, uuid: str) -> HttpResponse:
         run = selectors.run_get(run_uuid=uuid)
     except RunNotFound as exc:
         raise Http404(exc.message) from exc
-    steps = trace.stored_steps(selectors.run_events(run=run))
-    return render(
-        request,
-        "playground/run.html",
-        {
-            **_pending_context(run),
-            "steps": [trace.render_step(s) for s in steps],
-            "outcome_html": _outcome_html(request, run),
-        },
-    )
+    return _run_page(request, run)
 
 
 def _decide_start(request: HttpRequest, uuid: str) -> Callable[..., SegmentResult]:
@@ -191,14 +232,24 @@ def _decide_start(request: HttpRequest, uuid: str) -> Callable[..., SegmentResul
     )
 
 
-def _input_start(request: HttpRequest, uuid: str) -> Callable[..., SegmentResult]:
+def _posted_input(request: HttpRequest, uuid: str) -> tuple[AgentRun, InputValuesForm | None]:
+    """The run and its input form bound to the POST; no form when the run's pending turn is not
+    a readable input turn (the service then says why it refuses)."""
     run = selectors.run_get(run_uuid=uuid)
-    turn = run.pending_turn if isinstance(run.pending_turn, dict) else {}
+    spec, form, _ = _input_form(run, request.POST)
+    if spec is not None and form is None:
+        raise InvalidRequest("This input cannot be given here: " + " ".join(spec.blocking))
+    return run, form
+
+
+def _submit_input(
+    request: HttpRequest, uuid: str, values: dict[str, Any]
+) -> Callable[..., SegmentResult]:
     return functools.partial(
         runs.run_submit_input,
         run_uuid=uuid,
         actor=request.user,
-        values=input_values(turn.get("input_schema"), request.POST),
+        values=values,
         turn_digest=request.POST.get("turn_digest") or None,
         mode="inline",
     )
@@ -241,10 +292,40 @@ def decide_stream(request: HttpRequest, uuid: str) -> HttpResponse:
 @require_POST
 @playground_required
 def submit_input(request: HttpRequest, uuid: str) -> HttpResponse:
-    return _batch_continue(request, uuid, _input_start)
+    """Supply the values and continue inline; invalid values re-render the run (422) with the
+    form's errors and the values kept."""
+    try:
+        run, form = _posted_input(request, uuid)
+    except LeaseholdError as exc:
+        messages.error(request, exc.message)
+        return redirect("playground:run", uuid)
+    if form is None:
+        return _batch_continue(request, uuid, lambda r, u: _submit_input(r, u, {}))
+    if form.is_valid():
+        try:
+            _submit_input(request, uuid, form.values())()
+        except InvalidInput as exc:
+            form.add_schema_errors(exc.detail.get("errors") or [])
+        except LeaseholdError as exc:
+            messages.error(request, exc.message)
+            return redirect("playground:run", uuid)
+        else:
+            return redirect("playground:run", uuid)
+    return _run_page(request, run, input_form=form, status=InvalidInput.status)
 
 
 @require_POST
 @playground_required
 def submit_input_stream(request: HttpRequest, uuid: str) -> HttpResponse:
-    return _stream_continue(request, uuid, _input_start)
+    """Supply the values and stream the continuation; values the form refuses are an error line
+    carrying the form again with its errors."""
+    try:
+        run, form = _posted_input(request, uuid)
+    except LeaseholdError as exc:
+        return _stream_refused(exc)
+    if form is not None and not form.is_valid():
+        return _stream_refused(
+            InvalidInput(errors=form.error_sentences()),
+            html=_outcome_html(request, run, input_form=form),
+        )
+    return _stream(request, _submit_input(request, uuid, form.values() if form else {}))

@@ -518,6 +518,7 @@ class RunSegment:
 
     def _suspend_for_input(self, call: dict[str, Any], tool: Tool) -> None:
         schema = tool.input_schema or {}
+        properties = schema.get("properties")
         pending = {
             "kind": "input",
             "call": {
@@ -527,6 +528,8 @@ class RunSegment:
                 "effect": str(tool.effect),
             },
             "input_schema": schema,
+            # The declared key order (jsonb reorders the stored schema's keys); not digested.
+            "field_order": list(properties) if isinstance(properties, dict) else [],
             "turn_digest": turn_digest([call], input_schema=schema),
         }
         self._suspend(Status.WAITING_FOR_INPUT, pending, Outcome.AWAITING_INPUT)

@@ -19,7 +19,13 @@ from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status, Termina
 from agentruns.transitions import EventSpec
 from playground.models import Note
 from playground.stream import RunStream
-from tests.agentruns.api_support import APPROVAL_SCRIPT, config, digest, waiting_for_approval
+from tests.agentruns.api_support import (
+    APPROVAL_SCRIPT,
+    config,
+    digest,
+    waiting_for_approval,
+    waiting_for_input,
+)
 from tests.playground.conftest import join_streams
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -231,3 +237,29 @@ def test_run_abandon_is_guarded_by_the_lease(developer):
     run = AgentRun.objects.get(pk=lease.run_id)
     assert run.status == Status.FAILED and run.termination_reason == "abandoned"
     assert run.events.filter(kind=EventKind.LEASE, payload__action="abandoned").count() == 1
+
+
+def test_streamed_input_values_the_form_refuses_are_one_error_line_with_the_form(dev_client):
+    run = waiting_for_input()
+    response = dev_client.post(
+        f"/playground/runs/{run.uuid}/input/stream/",
+        {"turn_digest": digest(run), "value-f1": "two"},
+    )
+    assert response.status_code == 422
+    (line,) = [json.loads(x) for x in response.content.decode().splitlines()]
+    assert line["event"] == "error" and line["code"] == "invalid_input"
+    assert line["errors"] == ["Answer: This field is required.", "Priority: Enter a whole number."]
+    assert "Answer: This field is required." in line["html"] and 'value="two"' in line["html"]
+    assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_INPUT
+
+
+def test_streamed_input_values_are_parsed_by_the_form_and_continue_inline(dev_client):
+    run = waiting_for_input()
+    response = dev_client.post(
+        f"/playground/runs/{run.uuid}/input/stream/",
+        {"turn_digest": digest(run), "value-f0": "blue", "value-f1": "2"},
+    )
+    received = list(lines(response))
+    assert received[-1]["event"] == "end" and received[-1]["status"] == "completed"
+    values = AgentRunEvent.objects.get(run=run, kind=EventKind.INPUT).payload["values"]
+    assert values == {"answer": "blue", "priority": 2}

@@ -231,20 +231,24 @@ def test_the_input_form_is_rendered_and_its_values_typed(dev_client):
     start(dev_client, configuration=config("asker", INPUT_SCRIPT).slug, prompt="ask")
     run = AgentRun.objects.get()
     html = dev_client.get(f"/playground/runs/{run.uuid}/").content.decode()
-    assert 'name="value_answer"' in html and 'name="value_priority"' in html
-    assert 'type="number"' in html
+    # ask_human declares answer, then priority: the shared input form names them value-f0, -f1.
+    assert '<label for="id_value-f0">Answer *</label>' in html
+    assert '<label for="id_value-f1">Priority</label>' in html
+    assert 'type="number" name="value-f1"' in html
 
     refused = dev_client.post(
         f"/playground/runs/{run.uuid}/input/",
-        {"turn_digest": digest(run), "value_priority": "2"},
-        follow=True,
+        {"turn_digest": digest(run), "value-f1": "2"},
     )
-    assert "do not match the input schema" in refused.content.decode()
+    assert refused.status_code == 422
+    text = refused.content.decode()
+    assert "do not match the input schema" in text and "Answer: This field is required." in text
+    assert 'value="2"' in text  # the value typed is kept
     assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_INPUT
 
     dev_client.post(
         f"/playground/runs/{run.uuid}/input/",
-        {"turn_digest": digest(run), "value_answer": "blue", "value_priority": "2"},
+        {"turn_digest": digest(run), "value-f0": "blue", "value-f1": "2"},
     )
     run.refresh_from_db()
     assert run.status == Status.COMPLETED
