@@ -61,6 +61,12 @@ class PendingTurnSerializer(serializers.Serializer):
     turn_digest = serializers.CharField()
     calls = CallSerializer(many=True)
     input_schema = serializers.JSONField(allow_null=True)
+    field_order = serializers.ListField(
+        child=serializers.CharField(),
+        allow_null=True,
+        help_text="input: the schema's properties in the order the tool declared them "
+        "(PostgreSQL's jsonb does not keep the schema's key order).",
+    )
     idempotency_key = serializers.CharField(allow_null=True)
 
 
@@ -98,6 +104,7 @@ def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
         "turn_digest": turn.get("turn_digest") or "",
         "calls": calls,
         "input_schema": turn.get("input_schema") if kind == "input" else None,
+        "field_order": list(turn.get("field_order") or []) if kind == "input" else None,
         "idempotency_key": turn.get("idempotency_key") if kind == "reconciliation" else None,
     }
 

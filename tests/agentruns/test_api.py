@@ -229,6 +229,7 @@ def test_detail_of_a_run_waiting_for_input_shows_the_input_request(api):
     assert turn["kind"] == "input"
     assert turn["calls"][0]["name"] == "ask_human"
     assert turn["input_schema"]["required"] == ["answer"]
+    assert turn["field_order"] == ["answer", "priority"]  # as ask_human declares them
     assert turn["turn_digest"] == digest(run)
 
 
