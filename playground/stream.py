@@ -26,9 +26,9 @@ from typing import Any
 from django.db import connections
 
 from agentruns.exceptions import LeaseholdError
+from agentruns.leases import EventSpec, Lease
 from agentruns.services import runs
 from agentruns.services.runtime import EventObserver, SegmentResult
-from agentruns.transitions import EventSpec, Lease
 
 logger = logging.getLogger(__name__)
 

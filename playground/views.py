@@ -21,11 +21,11 @@ from django.views.decorators.http import require_GET, require_POST
 from agentruns import selectors
 from agentruns.exceptions import InvalidInput, InvalidRequest, LeaseholdError, RunNotFound
 from agentruns.input_forms import InputSpec, InputValuesForm, input_spec
+from agentruns.leases import EventSpec
 from agentruns.models import AgentRun
 from agentruns.pending import INPUT, read_pending_turn
 from agentruns.services import runs
 from agentruns.services.runtime import SegmentResult
-from agentruns.transitions import EventSpec
 from playground import trace
 from playground.forms import RunForm
 from playground.stream import RunStream

@@ -33,6 +33,7 @@ from django.db import transaction
 from agentruns import conf, selectors, transitions
 from agentruns.exceptions import StateWriteFailed
 from agentruns.identity import reaper_identity
+from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
 from agentruns.services import dispatch
 from agentruns.services.runs import reconciliation_turn
@@ -140,8 +141,8 @@ def rule_for(run: AgentRun) -> tuple[str, str]:
     return Rule.RECLAIM, ""
 
 
-def _event(run: AgentRun, rule: str, verdict: str, detail: str) -> transitions.EventSpec:
-    return transitions.EventSpec(
+def _event(run: AgentRun, rule: str, verdict: str, detail: str) -> EventSpec:
+    return EventSpec(
         EventKind.REAPER,
         {
             "rule": rule,
@@ -233,7 +234,7 @@ def _settle_unsent(run: AgentRun, verdict: RunVerdict, message: str, identity: s
         lease_epoch=run.lease_epoch,
         error=error,
         segment=identity,
-        event=transitions.EventSpec(
+        event=EventSpec(
             EventKind.REAPER,
             {
                 "rule": Rule.RECLAIM,
@@ -297,7 +298,7 @@ def redispatch_unclaimed(*, identity: str | None = None, limit: int = REDISPATCH
             run_id=run_id,
             older_than_seconds=seconds,
             segment=identity,
-            event=transitions.EventSpec(
+            event=EventSpec(
                 EventKind.REAPER,
                 {"rule": "redispatch", "verdict": "redispatched", "unclaimed_for_s": seconds},
             ),

@@ -27,6 +27,7 @@ from agentruns.exceptions import (
     StaleTurn,
 )
 from agentruns.identity import execution_identity
+from agentruns.leases import Decided, EventSpec, Lease
 from agentruns.models import (
     AgentConfiguration,
     AgentRun,
@@ -46,7 +47,7 @@ DECIDE_PERMISSION = "agentruns.decide_agentrun"
 RECONCILIATION_VERDICTS = ("landed", "not_landed", "abandon")
 # Called with the lease of an inline segment before it runs (the playground's stream keeps it
 # to settle the run ``abandoned`` if its client goes away: ``run_abandon``).
-ClaimHook = Callable[[transitions.Lease], None]
+ClaimHook = Callable[[Lease], None]
 
 
 # --- Starting --------------------------------------------------------------------------------
@@ -193,7 +194,7 @@ def _mode_identity(mode: str) -> str | None:
 
 
 def _hand_on(
-    decided: transitions.Decided,
+    decided: Decided,
     observer: EventObserver | None,
     on_claim: ClaimHook | None = None,
 ) -> SegmentResult:
@@ -240,11 +241,11 @@ def run_decide(
         ):
             raise SelfApprovalRefused()
 
-    def approval_event(run: AgentRun) -> transitions.EventSpec:
+    def approval_event(run: AgentRun) -> EventSpec:
         # Built under the row lock, from the turn the digest was checked against.
         pending = run.pending_turn if isinstance(run.pending_turn, dict) else {}
         calls = pending.get("calls") if isinstance(pending.get("calls"), list) else []
-        return transitions.EventSpec(
+        return EventSpec(
             EventKind.APPROVAL,
             {
                 "approved": approved,
@@ -330,7 +331,7 @@ def run_submit_input(
             "values": values,
             "decider_id": actor.pk,
         },
-        event=transitions.EventSpec(
+        event=EventSpec(
             EventKind.INPUT,
             {
                 "call_id": call.get("id"),
@@ -385,7 +386,7 @@ def run_reconcile(
         )
     identity = _mode_identity(mode)
     pending = _pending(run_uuid)
-    event = transitions.EventSpec(
+    event = EventSpec(
         EventKind.RECONCILIATION,
         {
             "verdict": verdict,
@@ -423,7 +424,7 @@ def run_cancel(*, run_uuid: UUID | str, actor: User | None = None, note: str = "
     return transitions.run_cancel(run_id=run_id, actor_id=_user_id(actor), note=note)
 
 
-def run_abandon(*, lease: transitions.Lease) -> bool:
+def run_abandon(*, lease: Lease) -> bool:
     """Settle the run held by ``lease`` ``failed`` / ``abandoned``: its interactive client went
     away mid-stream (RUNS.md §3.3). The segment still running under ``lease`` loses it at its next
     boundary and stops. ``False``: nothing changed — the run already paused or ended, or a write

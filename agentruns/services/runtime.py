@@ -22,6 +22,7 @@ from typing import Any
 from agentruns import conf, transitions
 from agentruns.digests import turn_digest
 from agentruns.exceptions import StateWriteFailed, WriteWithoutDurableExecution
+from agentruns.leases import EventSpec, Lease
 from agentruns.models import (
     WRITE_EFFECTS,
     AgentConfiguration,
@@ -44,7 +45,7 @@ from agentruns.tools.registry import overlay_input
 
 logger = logging.getLogger(__name__)
 
-EventObserver = Callable[[transitions.EventSpec], None]
+EventObserver = Callable[[EventSpec], None]
 RetryScheduler = Callable[[AgentRun, float], None]
 
 
@@ -86,7 +87,7 @@ class _Stop(Exception):
 def before_tool(
     *,
     effect: str,
-    lease: transitions.Lease | None,
+    lease: Lease | None,
     call: dict[str, Any],
     loop_state: dict[str, Any] | None = None,
 ) -> None:
@@ -113,7 +114,7 @@ def execute_tool_call(
     name: str,
     call_id: str,
     arguments: Any,
-    lease: transitions.Lease | None,
+    lease: Lease | None,
     initiator_id: int | None,
     run_uuid: Any,
     loop_state: dict[str, Any] | None = None,
@@ -158,7 +159,7 @@ class RunSegment:
 
     def __init__(
         self,
-        lease: transitions.Lease,
+        lease: Lease,
         *,
         retry: RetryScheduler | None = None,
         observer: EventObserver | None = None,
@@ -176,12 +177,12 @@ class RunSegment:
         self.messages: list[dict[str, Any]] = []
         # The completed last call of a turn, recorded by the boundary that always follows it at
         # once (the request before the next provider call): one write instead of two.
-        self._deferred: list[transitions.EventSpec] = []
+        self._deferred: list[EventSpec] = []
         self._deferred_clear = False
 
     # -- boundaries --
 
-    def _boundary(self, events: list[transitions.EventSpec], *, clear_fence: bool = False) -> None:
+    def _boundary(self, events: list[EventSpec], *, clear_fence: bool = False) -> None:
         deferred, self._deferred = self._deferred, []
         clear_fence = clear_fence or self._deferred_clear
         self._deferred_clear = False
@@ -195,9 +196,7 @@ class RunSegment:
             for spec in written:
                 self.observer(spec)
 
-    def _step_done(
-        self, events: list[transitions.EventSpec], *, clear_fence: bool, last_of_turn: bool
-    ) -> None:
+    def _step_done(self, events: list[EventSpec], *, clear_fence: bool, last_of_turn: bool) -> None:
         """Record a completed tool step: at once, or, for the last call of a turn, with the next
         boundary. Nothing with a side effect happens in between (the loop goes straight to the
         ``request`` boundary), so a crash there loses exactly what a crash inside the call
@@ -215,14 +214,12 @@ class RunSegment:
         if self._deferred:
             self._boundary([])
 
-    def _remember(self, spec: transitions.EventSpec) -> None:
+    def _remember(self, spec: EventSpec) -> None:
         message = message_for_event(spec.kind, spec.payload)
         if message is not None:
             self.messages.append(message)
 
-    def _stop_lost(
-        self, *, completed: list[transitions.EventSpec] | None = None, **detail: Any
-    ) -> None:
+    def _stop_lost(self, *, completed: list[EventSpec] | None = None, **detail: Any) -> None:
         """A guarded write matched nothing: the run was cancelled under us, or the lease lost.
 
         Every path that learns of a lost lease (a boundary, the ticker, the fence stamp) comes
@@ -240,13 +237,13 @@ class RunSegment:
             self.lease,
             events=[
                 *finished,
-                transitions.EventSpec(EventKind.CANCEL, {"note": "noticed at step boundary"}),
+                EventSpec(EventKind.CANCEL, {"note": "noticed at step boundary"}),
             ],
         )
         raise _Stop(Outcome.CANCELLED if noticed else Outcome.LEASE_LOST, **detail)
 
-    def _event(self, kind: str, payload: dict[str, Any], **extra: Any) -> transitions.EventSpec:
-        return transitions.EventSpec(kind, payload, **extra)
+    def _event(self, kind: str, payload: dict[str, Any], **extra: Any) -> EventSpec:
+        return EventSpec(kind, payload, **extra)
 
     # -- entry point --
 
@@ -312,7 +309,7 @@ class RunSegment:
 
     # -- decisions recorded by a human while the run waited --
 
-    def _apply_decision(self) -> list[transitions.EventSpec]:
+    def _apply_decision(self) -> list[EventSpec]:
         decision = self.state.pop("decision", None)
         if not decision:
             return []
@@ -689,7 +686,7 @@ class RunSegment:
 
 
 def continue_segment(
-    lease: transitions.Lease,
+    lease: Lease,
     *,
     retry: RetryScheduler | None = None,
     observer: EventObserver | None = None,

@@ -23,6 +23,7 @@ from django.db import connections
 
 from agentruns import conf, transitions
 from agentruns.exceptions import StateWriteFailed
+from agentruns.leases import Lease
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ logger = logging.getLogger(__name__)
 class LeaseTicker:
     """Context manager: renew ``lease`` every ``LEASE_SECONDS / 3`` until the block ends."""
 
-    def __init__(self, lease: transitions.Lease, *, interval: float | None = None) -> None:
+    def __init__(self, lease: Lease, *, interval: float | None = None) -> None:
         self.lease = lease
         self.interval = interval if interval is not None else conf.get("LEASE_SECONDS") / 3
         self.lost = False

@@ -9,8 +9,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.utils import timezone
 
+from agentruns.leases import Lease
 from agentruns.models import AgentConfiguration, AgentRun, Effect, Provider, Status
-from agentruns.transitions import Lease
 
 HOLDER = "worker:test-host:1"
 

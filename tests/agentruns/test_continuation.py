@@ -14,6 +14,7 @@ import pytest
 from django.db.models.functions import Now
 
 from agentruns import transitions
+from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, EventKind, Status
 from agentruns.services.runs import run_start_sync
 from agentruns.services.runtime import Outcome, continue_segment
@@ -54,12 +55,12 @@ def crash_once_on(value: str):
     return during
 
 
-def reclaim_and_claim(run: AgentRun) -> transitions.Lease:
+def reclaim_and_claim(run: AgentRun) -> Lease:
     AgentRun.objects.filter(pk=run.pk).update(lease_expires=Now() - timedelta(seconds=1))
     assert transitions.run_reclaim_stale(
         run_id=run.pk,
         segment="reaper:test:1",
-        event=transitions.EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
+        event=EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
     )
     lease = transitions.run_claim_queued(run_id=run.pk, identity="worker:elsewhere:7")
     assert lease is not None
@@ -179,7 +180,7 @@ def test_an_approval_applied_by_a_segment_that_died_mid_write_survives_reconcili
         run_id=run.pk,
         pending_turn=reconciliation_turn(run),
         segment="reaper:test:1",
-        event=transitions.EventSpec(EventKind.REAPER, {"rule": "in_doubt"}),
+        event=EventSpec(EventKind.REAPER, {"rule": "in_doubt"}),
     )
     run.refresh_from_db()
     probes.during = None

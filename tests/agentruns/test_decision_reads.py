@@ -10,11 +10,12 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
 from agentruns.services.runs import run_decide as service_decide
 from agentruns.services.runs import run_start_sync
 from agentruns.services.runtime import Outcome
-from agentruns.transitions import EventSpec, run_decide
+from agentruns.transitions import run_decide
 from tests.agentruns.runtime_support import call, config, decider, tool_turn
 from tests.agentruns.transitions_support import DIGEST, start, suspend
 

@@ -14,7 +14,6 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agentruns import transitions
 from agentruns.digests import turn_digest
 from agentruns.exceptions import (
     InvalidInput,
@@ -23,6 +22,7 @@ from agentruns.exceptions import (
     StaleTurn,
     WriteWithoutDurableExecution,
 )
+from agentruns.leases import Lease
 from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
 from agentruns.services import runtime
 from agentruns.services.runs import run_cancel, run_decide, run_start_sync, run_submit_input
@@ -378,7 +378,7 @@ def test_an_unknown_tool_without_a_lease_is_treated_as_a_write(probes):
 
 
 def test_a_lease_on_no_persisted_run_is_refused_for_a_write(probes):
-    unpersisted = transitions.Lease(0, uuid.uuid4(), "interactive:x:1", 1, next_sequence=0)
+    unpersisted = Lease(0, uuid.uuid4(), "interactive:x:1", 1, next_sequence=0)
     with pytest.raises(WriteWithoutDurableExecution):
         runtime.before_tool(
             effect=Effect.NON_IDEMPOTENT_WRITE,

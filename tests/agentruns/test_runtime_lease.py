@@ -22,6 +22,7 @@ from django.db.models.functions import Now
 from django.test import override_settings
 
 from agentruns import transitions
+from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status, TerminationReason
 from agentruns.services.runs import run_cancel, run_start_sync
 from agentruns.services.runtime import Outcome, continue_segment
@@ -41,13 +42,13 @@ OTHER_WORKER = "worker:other-host:4242"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def take_over(run_id: int) -> transitions.Lease:
+def take_over(run_id: int) -> Lease:
     """What a reaper and another worker do to a run whose holder looks dead."""
     AgentRun.objects.filter(pk=run_id).update(lease_expires=Now() - timedelta(minutes=5))
     assert transitions.run_reclaim_stale(
         run_id=run_id,
         segment="reaper:test:1",
-        event=transitions.EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
+        event=EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
     )
     lease = transitions.run_claim_queued(run_id=run_id, identity=OTHER_WORKER)
     assert lease is not None
@@ -241,7 +242,7 @@ def test_a_wait_longer_than_the_lease_keeps_it_alive():
                     transitions.run_reclaim_stale(
                         run_id=run_id,
                         segment="reaper:test:1",
-                        event=transitions.EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
+                        event=EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
                     )
                 )
                 observed.append(
@@ -385,7 +386,7 @@ def test_a_killed_process_leaves_a_lease_that_expires_within_one_lease_length():
         assert not transitions.run_reclaim_stale(
             run_id=run_id,
             segment="reaper:test:1",
-            event=transitions.EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
+            event=EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
         )
     finally:
         process.send_signal(signal.SIGKILL)
@@ -402,7 +403,7 @@ def test_a_killed_process_leaves_a_lease_that_expires_within_one_lease_length():
         return transitions.run_reclaim_stale(
             run_id=run_id,
             segment="reaper:test:1",
-            event=transitions.EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
+            event=EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
         )
 
     _wait_for(reclaimed, timeout=3 * lease_seconds, interval=0.1)

@@ -18,9 +18,9 @@ from django.db import IntegrityError, connection
 from django.utils import timezone
 
 from agentruns.exceptions import AlreadyDecided, NotWaiting, StaleTurn
+from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status
 from agentruns.transitions import (
-    EventSpec,
     run_cancel,
     run_claim_queued,
     run_clear_fence,

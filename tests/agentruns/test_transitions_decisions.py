@@ -17,10 +17,9 @@ from agentruns.exceptions import (
     SelfApprovalRefused,
     StaleTurn,
 )
+from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status, TerminationReason
 from agentruns.transitions import (
-    EventSpec,
-    Lease,
     run_cancel,
     run_claim_queued,
     run_decide,

@@ -9,9 +9,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status, TerminationReason
 from agentruns.transitions import (
-    EventSpec,
     run_cancel,
     run_heartbeat,
     run_notice_cancel,

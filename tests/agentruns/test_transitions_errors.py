@@ -8,8 +8,9 @@ import pytest
 from django.db import IntegrityError
 
 from agentruns.exceptions import StateWriteFailed
+from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status, TerminationReason
-from agentruns.transitions import EventSpec, run_heartbeat, run_settle, run_start
+from agentruns.transitions import run_heartbeat, run_settle, run_start
 from tests.agentruns.factories import AgentConfigurationFactory
 from tests.agentruns.transitions_support import ME, events, snapshot, start
 

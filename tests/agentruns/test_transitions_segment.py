@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
 from agentruns.transitions import (
-    EventSpec,
-    Lease,
     run_cancel,
     run_claim_queued,
     run_clear_fence,

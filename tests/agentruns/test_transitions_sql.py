@@ -15,17 +15,10 @@ from django.db import connection
 from django.db.models.functions import Now
 from django.test import override_settings
 
+from agentruns._writer import _DEADLINE_SQL, _NOW_SQL, lease_deadline
+from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind
-from agentruns.transitions import (
-    _DEADLINE_SQL,
-    _NOW_SQL,
-    EventSpec,
-    lease_deadline,
-    run_clear_fence,
-    run_heartbeat,
-    run_reclaim_stale,
-    run_stamp_fence,
-)
+from agentruns.transitions import run_clear_fence, run_heartbeat, run_reclaim_stale, run_stamp_fence
 from tests.agentruns.transitions_support import CALL, REAPER, events, reaper_event, start
 
 pytestmark = pytest.mark.django_db

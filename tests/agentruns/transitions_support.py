@@ -10,8 +10,9 @@ from typing import Any
 
 from django.utils import timezone
 
+from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
-from agentruns.transitions import EventSpec, Lease, run_start, run_suspend
+from agentruns.transitions import run_start, run_suspend
 from tests.agentruns.factories import AgentConfigurationFactory
 
 ME = "interactive:host-a:100"

@@ -15,8 +15,8 @@ import pytest
 
 from agentruns import transitions
 from agentruns.identity import execution_identity
+from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status, TerminationReason
-from agentruns.transitions import EventSpec
 from playground.models import Note
 from playground.stream import RunStream
 from tests.agentruns.api_support import (
@@ -230,7 +230,7 @@ def test_run_abandon_is_guarded_by_the_lease(developer):
         request={"prompt": "p"},
         identity="interactive:h:1",
     )
-    stale = transitions.Lease(lease.run_id, lease.uuid, lease.owner, lease.epoch + 1, 0)
+    stale = Lease(lease.run_id, lease.uuid, lease.owner, lease.epoch + 1, 0)
     assert transitions.run_abandon(stale) is False
     assert transitions.run_abandon(lease) is True
     assert transitions.run_abandon(lease) is False  # terminal is terminal

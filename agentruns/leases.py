@@ -1,0 +1,48 @@
+"""The values a segment and the transitions pass each other: a lease, an event to append, a
+decision that took effect.
+
+Interfaces (the playground's stream, the inbox, tests) import these without importing the writer
+(``agentruns.transitions``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+if TYPE_CHECKING:
+    from agentruns.models import AgentRun
+
+
+@dataclass
+class Lease:
+    """A segment's hold on a run: the identity and fencing token every guarded write carries.
+
+    ``next_sequence`` is the segment's event counter. While the lease is held nobody else
+    appends events (decisions need a waiting run, the reaper a stale one), so it stays exact.
+    """
+
+    run_id: int
+    uuid: UUID
+    owner: str
+    epoch: int
+    next_sequence: int
+
+
+@dataclass
+class EventSpec:
+    """An event to append in the same transaction as a state change."""
+
+    kind: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    duration_ms: int | None = None
+    actor_id: int | None = None
+
+
+@dataclass
+class Decided:
+    """A decision that took effect: the run after it, and the lease when continued inline."""
+
+    run: AgentRun
+    lease: Lease | None
