@@ -25,7 +25,7 @@ from agentruns.leases import EventSpec
 from agentruns.models import AgentRun
 from agentruns.pending import INPUT, read_pending_turn
 from agentruns.services import runs
-from agentruns.services.runtime import SegmentResult
+from agentruns.services.runtime.segment import SegmentResult
 from playground import trace
 from playground.forms import RunForm
 from playground.stream import RunStream

@@ -37,7 +37,7 @@ from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
 from agentruns.services import dispatch
 from agentruns.services.runs import reconciliation_turn
-from agentruns.services.transcript import NotRehydratable, rehydrate
+from agentruns.services.runtime.transcript import NotRehydratable, rehydrate
 
 logger = logging.getLogger(__name__)
 

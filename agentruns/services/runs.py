@@ -37,7 +37,12 @@ from agentruns.models import (
     Status,
 )
 from agentruns.services import dispatch
-from agentruns.services.runtime import EventObserver, Outcome, SegmentResult, continue_segment
+from agentruns.services.runtime.segment import (
+    EventObserver,
+    Outcome,
+    SegmentResult,
+    continue_segment,
+)
 from agentruns.tools import registry
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from agentruns import transitions
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, EventKind, Status
 from agentruns.services.runs import run_start_sync
-from agentruns.services.runtime import Outcome, continue_segment
+from agentruns.services.runtime.segment import Outcome, continue_segment
 from tests.agentruns.runtime_support import (
     assert_contiguous,
     assert_released,
@@ -208,7 +208,7 @@ def test_a_crash_after_the_last_call_returned_reruns_it_and_keeps_the_transcript
     """The last call of a turn is recorded by the next ``request`` boundary. A segment dying in
     between loses that call's result like a crash inside it: the call runs again and the
     provider still sees the uninterrupted dialogue."""
-    from agentruns.services.runtime import RunSegment
+    from agentruns.services.runtime.segment import RunSegment
 
     configuration = config()
     reference = uninterrupted(configuration)

@@ -24,10 +24,10 @@ from agentruns.exceptions import (
 )
 from agentruns.leases import Lease
 from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
-from agentruns.services import runtime
 from agentruns.services.runs import run_cancel, run_decide, run_start_sync, run_submit_input
-from agentruns.services.runtime import Outcome, continue_segment
-from agentruns.services.transcript import DENIED_MESSAGE
+from agentruns.services.runtime import segment as runtime
+from agentruns.services.runtime.segment import Outcome, continue_segment
+from agentruns.services.runtime.transcript import DENIED_MESSAGE
 from agentruns.tools import registry
 from playground.models import Note
 from tests.agentruns.factories import AgentRunFactory, UserFactory, lease_for

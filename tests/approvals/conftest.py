@@ -15,7 +15,8 @@ from django.utils import timezone
 
 from agentruns.digests import turn_digest
 from agentruns.models import AgentConfiguration, AgentRun, Status
-from agentruns.services import reaper, runs, runtime
+from agentruns.services import reaper, runs
+from agentruns.services.runtime import segment as runtime
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 
 DECIDE = "agentruns.decide_agentrun"

@@ -33,8 +33,8 @@ from agentruns.models import (
     TerminationReason,
 )
 from agentruns.providers.base import ProviderError, ProviderReply, ToolCall, provider_for
-from agentruns.services.ticker import LeaseTicker
-from agentruns.services.transcript import (
+from agentruns.services.runtime.ticker import LeaseTicker
+from agentruns.services.runtime.transcript import (
     DENIED_MESSAGE,
     NotRehydratable,
     message_for_event,
