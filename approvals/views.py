@@ -30,8 +30,8 @@ from agentruns.exceptions import (
     UnreadableState,
 )
 from agentruns.models import AgentRun
-from agentruns.pending import INPUT, UNREADABLE
 from agentruns.services import runs
+from agentruns.turns import INPUT, UNREADABLE
 from approvals import feedback
 from approvals.cards import Card, card_for, input_form
 from approvals.forms import DecisionForm, InputMetaForm, ReconciliationForm

@@ -23,9 +23,9 @@ from agentruns.exceptions import InvalidInput, InvalidRequest, LeaseholdError, R
 from agentruns.input_forms import InputSpec, InputValuesForm, input_spec
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun
-from agentruns.pending import INPUT, read_pending_turn
 from agentruns.services import runs
 from agentruns.services.runtime.segment import SegmentResult
+from agentruns.turns import APPROVAL, INPUT, read_pending_turn, waits_for_a_human
 from playground import trace
 from playground.forms import RunForm
 from playground.stream import RunStream
@@ -62,16 +62,20 @@ def _input_form(
 
 
 def _pending_context(run: AgentRun, input_form: InputValuesForm | None = None) -> dict[str, Any]:
-    turn = run.pending_turn if isinstance(run.pending_turn, dict) else {}
-    context: dict[str, Any] = {"run": run, "turn": turn, "timeline_url": trace.timeline_url(run)}
-    if turn.get("kind") == "approval":
+    """The run and, when it waits, its pending turn as ``agentruns.turns`` reads it (an
+    unreadable turn is shown as such, without controls, as in the inbox and the API)."""
+    context: dict[str, Any] = {"run": run, "timeline_url": trace.timeline_url(run)}
+    if not waits_for_a_human(run):
+        return context
+    turn = read_pending_turn(run)
+    context["turn"] = turn
+    if turn.kind == APPROVAL:
         context["calls"] = [
-            {**call, "args": trace.pretty(call.get("arguments", {}))}
-            for call in turn.get("calls") or []
+            {"id": c.id, "name": c.name, "effect": c.effect, "args": trace.pretty(c.arguments)}
+            for c in turn.calls
         ]
-    elif turn.get("kind") == "input":
-        call = turn.get("call") or {}
-        context["input_call"] = {**call, "args": trace.pretty(call.get("arguments", {}))}
+    elif turn.kind == INPUT and turn.call is not None:
+        context["input_call"] = {"name": turn.call.name, "args": trace.pretty(turn.call.arguments)}
         if input_form is not None:  # a posted form, re-shown with its errors
             spec, form, problem = input_form.spec, input_form, ""
         else:

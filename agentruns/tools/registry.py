@@ -19,9 +19,9 @@ from uuid import UUID
 
 from django.core.exceptions import ImproperlyConfigured
 
-from agentruns.digests import canonical_json
 from agentruns.models import WRITE_EFFECTS, Effect
 from agentruns.tools.schemas import InvalidSchema, check_schema, schema_errors
+from agentruns.turns import canonical_json
 
 logger = logging.getLogger(__name__)
 

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-from agentruns.digests import turn_digest
 from agentruns.input_forms import InputValuesForm, input_spec
 from agentruns.models import AgentRun, Status
-from agentruns.pending import read_pending_turn
+from agentruns.turns import read_pending_turn, turn_digest
 
 SCHEMA = {
     "type": "object",

@@ -14,7 +14,6 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agentruns.digests import turn_digest
 from agentruns.exceptions import (
     InvalidInput,
     NotWaiting,
@@ -29,6 +28,7 @@ from agentruns.services.runtime import segment as runtime
 from agentruns.services.runtime.segment import Outcome, continue_segment
 from agentruns.services.runtime.transcript import DENIED_MESSAGE
 from agentruns.tools import registry
+from agentruns.turns import turn_digest
 from playground.models import Note
 from tests.agentruns.factories import AgentRunFactory, UserFactory, lease_for
 from tests.agentruns.runtime_support import (
