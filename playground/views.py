@@ -72,6 +72,8 @@ def _pending_context(run: AgentRun, input_form: InputValuesForm | None = None) -
     elif turn.get("kind") == "input":
         call = turn.get("call") or {}
         context["input_call"] = {**call, "args": trace.pretty(call.get("arguments", {}))}
+        spec: InputSpec | None
+        form: InputValuesForm | None
         if input_form is not None:  # a posted form, re-shown with its errors
             spec, form, problem = input_form.spec, input_form, ""
         else:
@@ -175,7 +177,7 @@ def run_batch(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 @playground_required
-def run_stream(request: HttpRequest) -> HttpResponse:
+def run_stream(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     """The same run, streamed: NDJSON ``step`` lines as they are recorded, then one terminal."""
     form = RunForm(request.POST)
     if not form.is_valid():
@@ -267,7 +269,7 @@ def _batch_continue(
 
 def _stream_continue(
     request: HttpRequest, uuid: str, build: Callable[[HttpRequest, str], Callable[..., Any]]
-) -> HttpResponse:
+) -> HttpResponse | StreamingHttpResponse:
     try:
         start = build(request, uuid)
     except LeaseholdError as exc:
@@ -284,7 +286,7 @@ def decide(request: HttpRequest, uuid: str) -> HttpResponse:
 
 @require_POST
 @playground_required
-def decide_stream(request: HttpRequest, uuid: str) -> HttpResponse:
+def decide_stream(request: HttpRequest, uuid: str) -> HttpResponse | StreamingHttpResponse:
     """Approve or deny, and stream the inline continuation."""
     return _stream_continue(request, uuid, _decide_start)
 
@@ -316,7 +318,7 @@ def submit_input(request: HttpRequest, uuid: str) -> HttpResponse:
 
 @require_POST
 @playground_required
-def submit_input_stream(request: HttpRequest, uuid: str) -> HttpResponse:
+def submit_input_stream(request: HttpRequest, uuid: str) -> HttpResponse | StreamingHttpResponse:
     """Supply the values and stream the continuation; values the form refuses are an error line
     carrying the form again with its errors."""
     try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -23,7 +23,7 @@ class ErrorSerializer(serializers.Serializer):
 
     code = serializers.CharField()
     message = serializers.CharField()
-    errors = serializers.JSONField(required=False)
+    errors = serializers.JSONField(required=False)  # type: ignore[assignment]  # a declared field, not .errors
 
 
 # --- Runs ------------------------------------------------------------------------------------
@@ -93,7 +93,7 @@ def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
             Status.WAITING_FOR_APPROVAL: "approval",
             Status.WAITING_FOR_INPUT: "input",
             Status.WAITING_FOR_RECONCILIATION: "reconciliation",
-        }[run.status]
+        }[cast(Status, run.status)]
     )
     if kind == "approval":
         calls = [_call(c) for c in turn.get("calls") or []]
