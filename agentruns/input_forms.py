@@ -75,7 +75,9 @@ def _field_for(key: str, prop: dict[str, Any], *, required: bool) -> forms.Field
         )
     if kind == "integer":
         return forms.IntegerField(
-            min_value=_number(prop.get("minimum")), max_value=_number(prop.get("maximum")), **common
+            min_value=_number(prop.get("minimum")),  # type: ignore[arg-type]  # a float works
+            max_value=_number(prop.get("maximum")),  # type: ignore[arg-type]
+            **common,
         )
     if kind == "number":
         return forms.FloatField(
@@ -100,7 +102,7 @@ def input_spec(schema: dict[str, Any], order: Iterable[str] | None = None) -> In
     properties = schema.get("properties")
     if schema.get("type", "object") != "object" or not isinstance(properties, dict):
         return InputSpec({}, {}, blocking=("The input schema is not an object with named fields.",))
-    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    required: list[Any] = schema["required"] if isinstance(schema.get("required"), list) else []
     fields: dict[str, forms.Field] = {}
     keys: dict[str, str] = {}
     blocking: list[str] = []

@@ -38,7 +38,7 @@ REFUSALS: dict[type[LeaseholdError], str] = {
 def refusal_message(exc: LeaseholdError) -> str:
     """The sentence shown for a refused decision."""
     for kind in type(exc).__mro__:
-        template = REFUSALS.get(kind)  # type: ignore[call-overload]
+        template = REFUSALS.get(kind)
         if template is not None:
             break
     else:

@@ -76,6 +76,8 @@ def _pending_context(run: AgentRun, input_form: InputValuesForm | None = None) -
         ]
     elif turn.kind == INPUT and turn.call is not None:
         context["input_call"] = {"name": turn.call.name, "args": trace.pretty(turn.call.arguments)}
+        spec: InputSpec | None
+        form: InputValuesForm | None
         if input_form is not None:  # a posted form, re-shown with its errors
             spec, form, problem = input_form.spec, input_form, ""
         else:
@@ -179,7 +181,7 @@ def run_batch(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 @playground_required
-def run_stream(request: HttpRequest) -> HttpResponse:
+def run_stream(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     """The same run, streamed: NDJSON ``step`` lines as they are recorded, then one terminal."""
     form = RunForm(request.POST)
     if not form.is_valid():
@@ -271,7 +273,7 @@ def _batch_continue(
 
 def _stream_continue(
     request: HttpRequest, uuid: str, build: Callable[[HttpRequest, str], Callable[..., Any]]
-) -> HttpResponse:
+) -> HttpResponse | StreamingHttpResponse:
     try:
         start = build(request, uuid)
     except LeaseholdError as exc:
@@ -288,7 +290,7 @@ def decide(request: HttpRequest, uuid: str) -> HttpResponse:
 
 @require_POST
 @playground_required
-def decide_stream(request: HttpRequest, uuid: str) -> HttpResponse:
+def decide_stream(request: HttpRequest, uuid: str) -> HttpResponse | StreamingHttpResponse:
     """Approve or deny, and stream the inline continuation."""
     return _stream_continue(request, uuid, _decide_start)
 
@@ -320,7 +322,7 @@ def submit_input(request: HttpRequest, uuid: str) -> HttpResponse:
 
 @require_POST
 @playground_required
-def submit_input_stream(request: HttpRequest, uuid: str) -> HttpResponse:
+def submit_input_stream(request: HttpRequest, uuid: str) -> HttpResponse | StreamingHttpResponse:
     """Supply the values and stream the continuation; values the form refuses are an error line
     carrying the form again with its errors."""
     try:

@@ -24,7 +24,7 @@ class ErrorSerializer(serializers.Serializer):
 
     code = serializers.CharField()
     message = serializers.CharField()
-    errors = serializers.JSONField(required=False)
+    errors = serializers.JSONField(required=False)  # type: ignore[assignment]  # a declared field, not .errors
 
 
 # --- Runs ------------------------------------------------------------------------------------

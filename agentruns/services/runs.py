@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 import jsonschema
@@ -185,7 +185,7 @@ def _user_id(user: User | None) -> int | None:
 
 
 def _require_decider(actor: User) -> None:
-    if not getattr(actor, "is_authenticated", False) or not actor.has_perm(DECIDE_PERMISSION):
+    if not getattr(actor, "is_authenticated", False) or not actor.has_perm(DECIDE_PERMISSION):  # type: ignore[union-attr]
         raise NotPermitted("deciding needs the agentruns.decide_agentrun permission")
 
 
@@ -402,7 +402,7 @@ def run_reconcile(
 
 def run_cancel(*, run_uuid: UUID | str, actor: User | None = None, note: str = "") -> bool:
     """Cancel a non-terminal run; ``False`` when it was already terminal."""
-    run_id = _run_id(run_uuid)
+    run_id = cast(int, _run_id(run_uuid))  # not missing_ok: RunNotFound, never None
     return transitions.run_cancel(run_id=run_id, actor_id=_user_id(actor), note=note)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
 # Validation error messages shown to a model or a human are capped so a huge instance cannot
@@ -23,7 +24,7 @@ class InvalidSchema(ValueError):
     """A tool declared a JSON schema that is not a valid schema."""
 
 
-def _validator_class(schema: Mapping[str, Any]) -> type:
+def _validator_class(schema: Mapping[str, Any]) -> type[Validator]:
     """The validator the schema asks for via ``$schema``; Draft 2020-12 when it says nothing."""
     return validator_for(schema, default=Draft202012Validator)
 
@@ -37,7 +38,7 @@ def check_schema(schema: Any, *, what: str) -> None:
     if not isinstance(schema, Mapping):
         raise InvalidSchema(f"{what} must be a JSON schema object, got {type(schema).__name__}")
     try:
-        _validator_class(schema).check_schema(schema)
+        _validator_class(schema).check_schema(schema)  # type: ignore[arg-type]  # stubs: dict only
     except SchemaError as exc:
         raise InvalidSchema(f"{what} is not a valid JSON schema: {exc.message}") from exc
     if schema.get("type") != "object":

@@ -596,7 +596,7 @@ class RunSegment:
         """Call ids made unique within the run: they key idempotency and turn digests, and some
         OpenAI-compatible servers reuse ids such as ``call_0`` on every turn."""
         seen = {call["id"] for message in self.messages for call in message.get("tool_calls", [])}
-        unique = []
+        unique: list[ToolCall] = []
         for call in calls:
             call_id = call.id or f"call_{self.state.get('iteration', 0)}_{len(unique)}"
             while call_id in seen:
