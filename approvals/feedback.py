@@ -18,7 +18,7 @@ from agentruns.exceptions import (
     UnreadableState,
 )
 from agentruns.models import Status
-from agentruns.services.runtime.segment import Outcome, SegmentResult
+from agentruns.services.runtime.results import Outcome, SegmentResult
 
 # Refusals: nothing changed in any of these cases.
 REFUSALS: dict[type[LeaseholdError], str] = {

@@ -24,7 +24,7 @@ from agentruns.input_forms import InputSpec, InputValuesForm, input_spec
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun
 from agentruns.services import runs
-from agentruns.services.runtime.segment import SegmentResult
+from agentruns.services.runtime.results import SegmentResult
 from agentruns.turns import APPROVAL, INPUT, read_pending_turn, waits_for_a_human
 from playground import trace
 from playground.forms import RunForm

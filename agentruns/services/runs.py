@@ -25,6 +25,7 @@ from agentruns.exceptions import (
     RunNotFound,
     SelfApprovalRefused,
     StaleTurn,
+    UnreadableState,
 )
 from agentruns.identity import execution_identity
 from agentruns.leases import Decided, EventSpec, Lease
@@ -37,16 +38,10 @@ from agentruns.models import (
     Status,
 )
 from agentruns.services import dispatch
-from agentruns.services.runtime.segment import (
-    EventObserver,
-    Outcome,
-    SegmentResult,
-    continue_segment,
-)
+from agentruns.services.runtime.results import EventObserver, Outcome, SegmentResult
+from agentruns.services.runtime.segment import continue_segment
 from agentruns.tools import registry
 from agentruns.turns import (
-    INPUT,
-    RECONCILIATION,
     ApprovalDecision,
     InputDecision,
     PendingTurn,
@@ -281,15 +276,26 @@ def run_decide(
     return _hand_on(decided, observer, on_claim)
 
 
-def _pending(run_uuid: UUID | str) -> PendingTurn:
-    """The run's pending turn as ``turns`` reads it (``unreadable`` when it is not waiting)."""
+def _pending(run_uuid: UUID | str, *, waiting_in: str) -> PendingTurn | None:
+    """The pending turn of a run waiting in ``waiting_in``, as ``turns`` reads it; ``None`` when
+    the run is in another status (the transition, under the lock, says why: already decided or
+    not waiting).
+
+    Raises ``RunNotFound``, or ``UnreadableState`` when it waits but its stored turn does not
+    read (checked again under the lock).
+    """
     try:
         run = AgentRun.objects.filter(uuid=run_uuid).only("uuid", "status", "pending_turn").first()
     except (ValidationError, ValueError):
         raise RunNotFound() from None
     if run is None:
         raise RunNotFound()
-    return read_pending_turn(run)
+    if run.status != waiting_in:
+        return None
+    pending = read_pending_turn(run)
+    if not pending.readable:
+        raise UnreadableState(f"its pending turn cannot be read: {pending.problem}")
+    return pending
 
 
 def validate_values(schema: dict[str, Any], values: Any) -> list[str]:
@@ -321,8 +327,8 @@ def run_submit_input(
     """
     _require_decider(actor)
     identity = _mode_identity(mode)
-    pending = _pending(run_uuid)
-    if pending.kind != INPUT:
+    pending = _pending(run_uuid, waiting_in=Status.WAITING_FOR_INPUT)
+    if pending is None:
         raise NotWaiting()
     if not turn_digest or pending.turn_digest != turn_digest:
         # Checked again under the lock; refusing here avoids validating against the wrong schema.
@@ -371,8 +377,8 @@ def run_reconcile(
             f"verdict must be one of {', '.join(RECONCILIATION_VERDICTS)}", field="verdict"
         )
     identity = _mode_identity(mode)
-    pending = _pending(run_uuid)
-    call = pending.call if pending.kind == RECONCILIATION else None
+    pending = _pending(run_uuid, waiting_in=Status.WAITING_FOR_RECONCILIATION)
+    call = pending.call if pending is not None else None
     event = EventSpec(
         EventKind.RECONCILIATION,
         {

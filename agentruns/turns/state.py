@@ -61,7 +61,8 @@ class Turn:
         approved = raw.get("approved")
         if approved is not None and not isinstance(approved, bool):
             raise Unreadable("loop_state.turn.approved is not true, false or null")
-        inputs = raw.get("inputs") or {}
+        inputs = raw.get("inputs")
+        inputs = {} if inputs is None else inputs
         if not isinstance(inputs, dict):
             raise Unreadable("loop_state.turn.inputs is malformed")
         return cls(
@@ -230,7 +231,8 @@ class LoopState:
             raise Unreadable("loop_state.iteration is not an integer")
         turn = raw.get("turn")
         decision = raw.get("decision")
-        usage = raw.get("usage") or {}
+        usage = raw.get("usage")
+        usage = {} if usage is None else usage
         if not isinstance(usage, dict):
             raise Unreadable("loop_state.usage is malformed")
         return cls(

@@ -14,7 +14,7 @@ from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
 from agentruns.services.runs import run_decide as service_decide
 from agentruns.services.runs import run_start_sync
-from agentruns.services.runtime.segment import Outcome
+from agentruns.services.runtime.results import Outcome
 from agentruns.transitions import run_decide
 from agentruns.turns import ApprovalDecision
 from tests.agentruns.runtime_support import call, config, decider, tool_turn

@@ -34,7 +34,8 @@ from agentruns.models import (
     Status,
 )
 from agentruns.services import runs
-from agentruns.services.runtime.segment import Outcome, execute_tool_call
+from agentruns.services.runtime.results import Outcome
+from agentruns.services.runtime.tool_step import execute_tool_call
 from agentruns.tools import registry
 from agentruns.tools.mcp import (
     McpError,

@@ -24,8 +24,9 @@ from agentruns.exceptions import (
 from agentruns.leases import Lease
 from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
 from agentruns.services.runs import run_cancel, run_decide, run_start_sync, run_submit_input
-from agentruns.services.runtime import segment as runtime
-from agentruns.services.runtime.segment import Outcome, continue_segment
+from agentruns.services.runtime import tool_step
+from agentruns.services.runtime.results import Outcome
+from agentruns.services.runtime.segment import continue_segment
 from agentruns.services.runtime.transcript import DENIED_MESSAGE
 from agentruns.tools import registry
 from agentruns.turns import turn_digest
@@ -352,7 +353,7 @@ def test_without_four_eyes_the_initiator_may_approve(probes):
 @pytest.mark.parametrize("name", ["probe_write", "probe_create"])
 def test_a_write_without_a_lease_raises_before_the_body_runs(probes, name):
     with pytest.raises(WriteWithoutDurableExecution):
-        runtime.execute_tool_call(
+        tool_step.execute_tool_call(
             tool=registry.get(name),
             name=name,
             call_id="call_0_0",
@@ -366,7 +367,7 @@ def test_a_write_without_a_lease_raises_before_the_body_runs(probes, name):
 
 def test_an_unknown_tool_without_a_lease_is_treated_as_a_write(probes):
     with pytest.raises(WriteWithoutDurableExecution):
-        runtime.execute_tool_call(
+        tool_step.execute_tool_call(
             tool=None,
             name="no_such_tool",
             call_id="call_0_0",
@@ -380,7 +381,7 @@ def test_an_unknown_tool_without_a_lease_is_treated_as_a_write(probes):
 def test_a_lease_on_no_persisted_run_is_refused_for_a_write(probes):
     unpersisted = Lease(0, uuid.uuid4(), "interactive:x:1", 1, next_sequence=0)
     with pytest.raises(WriteWithoutDurableExecution):
-        runtime.before_tool(
+        tool_step.before_tool(
             effect=Effect.NON_IDEMPOTENT_WRITE,
             lease=unpersisted,
             call={"id": "c", "name": "probe_create"},
@@ -388,7 +389,7 @@ def test_a_lease_on_no_persisted_run_is_refused_for_a_write(probes):
 
 
 def test_a_read_without_a_lease_runs(probes):
-    result, _, lost = runtime.execute_tool_call(
+    step = tool_step.execute_tool_call(
         tool=registry.get("probe_read"),
         name="probe_read",
         call_id="call_0_0",
@@ -397,9 +398,10 @@ def test_a_read_without_a_lease_runs(probes):
         initiator_id=None,
         run_uuid=uuid.uuid4(),
     )
-    assert result.ok is True
-    assert result.content == {"probed": "probe_read", "value": "x"}
-    assert lost is False
+    assert step.ran and step.result is not None
+    assert step.result.ok is True
+    assert step.result.content == {"probed": "probe_read", "value": "x"}
+    assert step.lease_lost is False
     assert [s["tool"] for s in probes.seen] == ["probe_read"]
     assert probes.seen[0]["fencing_token"] == 0
 
@@ -409,17 +411,16 @@ def test_a_write_whose_fence_stamp_matches_no_row_does_not_run(probes):
     run = AgentRunFactory(running=True)
     stale = lease_for(run)
     stale.epoch = run.lease_epoch + 5  # not the row's epoch: a zombie's token
-    with pytest.raises(runtime._Stop) as stop:
-        runtime.execute_tool_call(
-            tool=registry.get("probe_write"),
-            name="probe_write",
-            call_id="call_0_0",
-            arguments={"value": "x"},
-            lease=stale,
-            initiator_id=None,
-            run_uuid=run.uuid,
-        )
-    assert stop.value.outcome == Outcome.LEASE_LOST
+    step = tool_step.execute_tool_call(
+        tool=registry.get("probe_write"),
+        name="probe_write",
+        call_id="call_0_0",
+        arguments={"value": "x"},
+        lease=stale,
+        initiator_id=None,
+        run_uuid=run.uuid,
+    )
+    assert (step.ran, step.lease_lost) == (False, True)
     assert probes.seen == []
     run.refresh_from_db()
     assert run.pending_effect == ""

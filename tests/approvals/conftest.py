@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from agentruns.models import AgentConfiguration, AgentRun, Status
 from agentruns.services import reaper, runs
-from agentruns.services.runtime import segment as runtime
+from agentruns.services.runtime import tool_step
 from agentruns.turns import turn_digest
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 
@@ -115,7 +115,7 @@ def make_in_doubt_run(
         raise SegmentDied()
 
     with monkeypatch.context() as patch:
-        patch.setattr(runtime, "invoke_tool", die)
+        patch.setattr(tool_step, "invoke_tool", die)
         with pytest.raises(SegmentDied):
             runs.run_process_queued(run_uuid=run.uuid)
     run.refresh_from_db()

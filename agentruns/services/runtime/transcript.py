@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentruns.models import AgentRun, AgentRunEvent, EventKind
+from agentruns.providers.base import ToolCall
 from agentruns.turns import LoopState, Unreadable
 
 
@@ -69,23 +70,22 @@ def message_for_event(kind: str, payload: Mapping[str, Any]) -> dict[str, Any] |
 
 @dataclass
 class Rehydrated:
-    loop_state: dict[str, Any]
+    loop_state: LoopState
     messages: list[dict[str, Any]]
     next_sequence: int
 
 
-def check_loop_state(state: Any) -> dict[str, Any]:
-    """Validate the stored loop state's shape; raise ``NotRehydratable`` when it is corrupt."""
+def parse_loop_state(state: Any) -> LoopState:
+    """The stored loop state, typed; ``NotRehydratable`` when it is corrupt."""
     try:
-        LoopState.parse(state)
+        return LoopState.parse(state)
     except Unreadable as exc:
         raise NotRehydratable(str(exc)) from exc
-    return dict(state)
 
 
 def rehydrate(run: AgentRun, events: Iterable[AgentRunEvent] | None = None) -> Rehydrated:
     """The loop state and the dialogue of ``run`` as its last step boundary left them."""
-    state = check_loop_state(run.loop_state if run.loop_state is not None else {})
+    state = parse_loop_state(run.loop_state)
     if events is None:
         # Not ``run.events``: a related manager sets ``event.run`` on every row, which reads the
         # deferred ``run_id`` back one query per event (N+1) when it is left out of ``only()``.
@@ -108,4 +108,21 @@ def rehydrate(run: AgentRun, events: Iterable[AgentRunEvent] | None = None) -> R
             raise NotRehydratable(f"event {event.sequence} cannot be replayed: {exc}") from exc
         if message is not None:
             messages.append(message)
-    return Rehydrated(loop_state=dict(state), messages=messages, next_sequence=last + 1)
+    return Rehydrated(loop_state=state, messages=messages, next_sequence=last + 1)
+
+
+def unique_call_ids(
+    calls: Iterable[ToolCall], messages: Iterable[Mapping[str, Any]], iteration: int
+) -> list[ToolCall]:
+    """``calls`` with ids made unique within the dialogue ``messages``: ids key idempotency and
+    turn digests, and some OpenAI-compatible servers reuse ids such as ``call_0`` on every
+    turn. A missing id becomes ``call_<iteration>_<index>``; a taken one gains ``~<iteration>``."""
+    seen = {call["id"] for message in messages for call in message.get("tool_calls", [])}
+    unique: list[ToolCall] = []
+    for call in calls:
+        call_id = call.id or f"call_{iteration}_{len(unique)}"
+        while call_id in seen:
+            call_id = f"{call_id}~{iteration}"
+        seen.add(call_id)
+        unique.append(ToolCall(id=call_id, name=call.name, arguments=call.arguments))
+    return unique

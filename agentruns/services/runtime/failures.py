@@ -1,0 +1,55 @@
+"""What a segment does when its provider fails, and the totals it settles with
+(docs/design.md §7).
+
+A provider failure is settled or retried by one policy, ``retry_policy``: without a retry
+scheduler (an interactive segment) it settles ``provider_failed``; a failure the provider marks
+not retryable settles ``not_retryable``; a spent budget ``retries_exhausted``; otherwise the run
+is requeued with an exponential backoff.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from agentruns import conf
+from agentruns.models import TerminationReason
+from agentruns.providers.base import ProviderError
+from agentruns.turns import LoopState
+
+
+@dataclass(frozen=True)
+class RetryVerdict:
+    """Either ``settle_reason`` (end the run ``failed`` with it) or ``retry_in_seconds``."""
+
+    settle_reason: str | None = None
+    retry_in_seconds: float | None = None
+
+
+def provider_error(exc: ProviderError) -> dict[str, Any]:
+    """The ``error`` recorded for a provider failure (the message bounded)."""
+    return {"type": f"ProviderError:{exc.kind}", "message": str(exc)[:500]}
+
+
+def retry_policy(exc: ProviderError, *, can_retry: bool, requeue_count: int) -> RetryVerdict:
+    """Settle or retry a provider failure (see the module docstring)."""
+    if not can_retry:
+        return RetryVerdict(settle_reason=TerminationReason.PROVIDER_FAILED)
+    if not exc.retryable:
+        return RetryVerdict(settle_reason=TerminationReason.NOT_RETRYABLE)
+    if requeue_count >= int(conf.get("MAX_REQUEUES")):
+        return RetryVerdict(settle_reason=TerminationReason.RETRIES_EXHAUSTED)
+    delay = float(conf.get("RETRY_BACKOFF_SECONDS")) * (2**requeue_count)
+    return RetryVerdict(retry_in_seconds=delay)
+
+
+def totals(state: LoopState, *, truncated: bool) -> dict[str, Any]:
+    """The run's columns a settle writes from the loop state: tokens, rounds, the state itself."""
+    return {
+        "prompt_tokens": state.usage.prompt_tokens,
+        "completion_tokens": state.usage.completion_tokens,
+        "total_tokens": state.usage.total_tokens,
+        "iterations": state.iteration,
+        "truncated": truncated,
+        "loop_state": state.to_json(),
+    }

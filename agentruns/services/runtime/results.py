@@ -1,0 +1,56 @@
+"""What a segment tells its caller, importable without the loop (docs/design.md §11.1).
+
+Interfaces (the API, the inbox, the playground) read a ``SegmentResult``; the loop builds one from
+the ``Stop`` its last step returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentruns.leases import EventSpec
+from agentruns.models import AgentRun
+
+#: Sees every event once the boundary that wrote it committed (the playground's stream).
+EventObserver = Callable[[EventSpec], None]
+#: Schedules a delayed wake-up of a run requeued after a retryable failure (workers only).
+RetryScheduler = Callable[[AgentRun, float], None]
+
+
+class Outcome:
+    """How a segment ended."""
+
+    COMPLETED = "completed"
+    AWAITING_APPROVAL = "awaiting_approval"
+    AWAITING_INPUT = "awaiting_input"
+    AWAITING_RECONCILIATION = "awaiting_reconciliation"
+    SUSPEND_FAILED = "suspend_failed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    REQUEUED = "requeued"
+    LEASE_LOST = "lease_lost"
+    # Not a segment's outcome: a decision was recorded and handed to a worker.
+    QUEUED = "queued"
+
+
+@dataclass
+class SegmentResult:
+    """A segment's outcome, the run as it is now, and details (the reason, a retry delay)."""
+
+    outcome: str
+    run: AgentRun
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A step's verdict that the segment is over: returned, never raised, up to the loop."""
+
+    outcome: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, outcome: str, **detail: Any) -> Stop:
+        return cls(outcome, dict(detail))

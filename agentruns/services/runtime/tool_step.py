@@ -1,0 +1,166 @@
+"""One tool call of a segment: which tools a run may use, the fence hook, and the call itself
+(docs/design.md §4).
+
+``before_tool`` is the fence hook, installed on every path that executes a tool: a write needs a
+lease on a persisted run (``WriteWithoutDurableExecution`` otherwise, before the tool body can
+run) and is stamped on the run row first. ``execute_tool_call`` runs one call behind it and
+answers with a plain ``ToolStep``: whether it ran, its result, and whether the lease was lost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from agentruns import conf, transitions
+from agentruns.exceptions import WriteWithoutDurableExecution
+from agentruns.leases import Lease
+from agentruns.models import WRITE_EFFECTS, AgentConfiguration, Effect
+from agentruns.services.runtime.ticker import LeaseTicker
+from agentruns.tools import Tool, ToolContext, ToolResult, invoke_tool, registry
+from agentruns.turns import Call
+
+# --- Which tools a run may use ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolGate:
+    """The tools a run may use: its configuration's list (empty: every registered tool), narrowed
+    by the run's request. A tool outside the gate is treated as an unknown non-idempotent write
+    that needs approval — it never runs unapproved."""
+
+    allowed: tuple[str, ...] | None
+    narrowed: tuple[str, ...] | None
+
+    @classmethod
+    def for_run(cls, configuration: AgentConfiguration, request: Mapping[str, Any]) -> ToolGate:
+        narrowed = request.get("tools") or None
+        return cls(
+            allowed=tuple(configuration.tools) if configuration.tools else None,
+            narrowed=tuple(narrowed) if isinstance(narrowed, list) else None,
+        )
+
+    def available(self, name: str) -> Tool | None:
+        if self.allowed is not None and name not in self.allowed:
+            return None
+        if self.narrowed is not None and name not in self.narrowed:
+            return None
+        return registry.get(name)
+
+    def effect(self, name: str) -> str:
+        tool = self.available(name)
+        return str(tool.effect if tool is not None else Effect.NON_IDEMPOTENT_WRITE)
+
+    def needs_approval(self, name: str) -> bool:
+        tool = self.available(name)
+        return True if tool is None else tool.needs_approval
+
+    def offered(self) -> list[dict[str, Any]]:
+        """The OpenAI-style schemas of the tools offered to the model, in configured order."""
+        names = self.allowed or tuple(t.name for t in registry.all())
+        offered = []
+        for name in names:
+            if self.narrowed is not None and name not in self.narrowed:
+                continue
+            tool = registry.get(name)
+            if tool is not None:
+                offered.append(tool.openai_schema())
+        return offered
+
+    def shown(self, call: Call) -> Call:
+        """``call`` as an approver is shown it: its effect, whether it needs a decision, whether
+        its tool is known, where it comes from and the tool's hints."""
+        tool = self.available(call.name)
+        return Call(
+            id=call.id,
+            name=call.name,
+            arguments=call.arguments,
+            effect=call.effect or self.effect(call.name),
+            needs_approval=tool is None or tool.needs_approval,
+            known=tool is not None,
+            source=tool.source if tool is not None else "unknown",
+            hints=dict(tool.hints) if tool is not None else {},
+            detailed=True,
+        )
+
+
+# --- The fence hook and the call ----------------------------------------------------------------
+
+
+def before_tool(
+    *,
+    effect: str,
+    lease: Lease | None,
+    call: Mapping[str, Any],
+    loop_state: Mapping[str, Any] | None = None,
+) -> bool:
+    """The before-tool hook. Whether the tool may run: reads always; a write once its fence is
+    stamped on the row (saving ``loop_state`` with it when given). ``False``: the stamp matched
+    no row — the lease is lost and the write must not start.
+
+    Raises ``WriteWithoutDurableExecution`` for a write without a lease on a persisted run.
+    """
+    if effect not in WRITE_EFFECTS:
+        return True
+    if lease is None or not lease.run_id:
+        raise WriteWithoutDurableExecution(
+            f"{call.get('name')!r} is a {effect} and this segment holds no lease on a persisted run"
+        )
+    return transitions.run_stamp_fence(lease, effect=effect, call=call, loop_state=loop_state)
+
+
+@dataclass(frozen=True)
+class ToolStep:
+    """What one call came to. ``result`` is ``None`` when the fence stamp matched no row (the
+    tool did not run); ``lease_lost`` when that happened or the ticker's renewal failed while the
+    tool ran (it ran: its result must be recorded if the run was cancelled)."""
+
+    result: ToolResult | None
+    duration_ms: int = 0
+    lease_lost: bool = False
+
+    @property
+    def ran(self) -> bool:
+        return self.result is not None
+
+
+def execute_tool_call(
+    *,
+    tool: Tool | None,
+    name: str,
+    call_id: str,
+    arguments: Any,
+    lease: Lease | None,
+    initiator_id: int | None,
+    run_uuid: UUID,
+    loop_state: Mapping[str, Any] | None = None,
+) -> ToolStep:
+    """Run one tool call behind the fence hook (an unknown tool is a refused write).
+
+    Raises ``WriteWithoutDurableExecution`` (no lease, write effect) before the body runs.
+    """
+    effect = tool.effect if tool is not None else Effect.NON_IDEMPOTENT_WRITE
+    call = {"id": call_id, "name": name, "arguments": arguments, "effect": str(effect)}
+    if not before_tool(effect=effect, lease=lease, call=call, loop_state=loop_state):
+        return ToolStep(result=None, lease_lost=True)
+    context = ToolContext(
+        run_uuid=run_uuid,
+        call_id=call_id,
+        initiator_id=initiator_id,
+        fencing_token=lease.epoch if lease else 0,
+        timeout_seconds=float(conf.get("TOOL_TIMEOUT_SECONDS")),
+    )
+    started = time.monotonic()
+    lost = False
+    if tool is None:
+        result = ToolResult(ok=False, content=None, error=f"unknown tool {name!r}")
+    elif lease is None:
+        result = invoke_tool(tool, arguments, context)
+    else:
+        with LeaseTicker(lease) as ticker:
+            result = invoke_tool(tool, arguments, context)
+        lost = ticker.lost
+    return ToolStep(result, int((time.monotonic() - started) * 1000), lost)

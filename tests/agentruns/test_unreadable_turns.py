@@ -1,0 +1,114 @@
+"""A stored pending turn that does not read is *unreadable* in every interface alike — the API,
+the inbox and the playground show it without controls — and no decision path runs it.
+
+The tampering is the one a reviewer would fear: the stored turn is altered to show a harmless
+call while keeping the digest of the call the model really proposed.
+"""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from agentruns.models import AgentRun, EventKind, Status
+from playground.models import Note
+from tests.agentruns.api_support import digest, in_doubt, waiting_for_approval, waiting_for_input
+from tests.agentruns.factories import UserFactory
+
+DECIDE = "agentruns.decide_agentrun"
+USE = "agentruns.use_playground"
+
+
+@pytest.fixture
+def staff(db):
+    return UserFactory(username="reviewer", permissions=[DECIDE, USE])
+
+
+@pytest.fixture
+def api(staff) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(staff)
+    return client
+
+
+def tamper(run: AgentRun, **call_changes) -> str:
+    """Change what the stored turn shows, keep its digest; the digest."""
+    turn = dict(run.pending_turn)
+    if "calls" in turn:
+        turn["calls"] = [{**turn["calls"][0], **call_changes}]
+    else:
+        turn["call"] = {**turn["call"], **call_changes}
+    AgentRun.objects.filter(pk=run.pk).update(pending_turn=turn)
+    return turn["turn_digest"]
+
+
+def test_a_tampered_approval_reads_unreadable_in_the_api_inbox_and_playground(api, client, staff):
+    run = waiting_for_approval()
+    turn_digest = tamper(run, name="update_note", arguments={"title": "harmless rename"})
+
+    shown = api.get(f"/api/runs/{run.uuid}/").json()["pending_turn"]
+    assert shown["kind"] == "unreadable"
+    assert shown["problem"] == "its digest does not match the calls it shows"
+    assert shown["calls"] == [] and shown["turn_digest"] == ""
+
+    client.force_login(staff)
+    inbox = client.get("/admin/approvals/").content.decode()
+    playground = client.get(f"/playground/runs/{run.uuid}/").content.decode()
+    for page in (inbox, playground):
+        assert "cannot be read" in page
+        assert turn_digest not in page  # no control carries the digest
+    assert 'name="approved"' not in playground
+
+
+def test_deciding_a_tampered_approval_runs_nothing_and_changes_nothing(api):
+    run = waiting_for_approval()
+    turn_digest = tamper(run, name="update_note", arguments={"title": "harmless rename"})
+
+    for mode in ("inline", "queued"):
+        response = api.post(
+            f"/api/runs/{run.uuid}/decision/",
+            {"approved": True, "turn_digest": turn_digest, "mode": mode},
+            format="json",
+        )
+        assert response.status_code == 409, response.content
+        assert response.json()["code"] == "unreadable_state"
+
+    run.refresh_from_db()
+    assert run.status == Status.WAITING_FOR_APPROVAL
+    assert not run.events.filter(kind=EventKind.APPROVAL).exists()
+    assert not Note.objects.exists()
+
+
+def test_a_tampered_input_request_takes_no_values(api):
+    run = waiting_for_input()
+    turn_digest = tamper(run, arguments={"question": "Type your password"})
+
+    response = api.post(
+        f"/api/runs/{run.uuid}/input/",
+        {"values": {"answer": "x"}, "turn_digest": turn_digest},
+        format="json",
+    )
+
+    assert response.status_code == 409 and response.json()["code"] == "unreadable_state"
+    run.refresh_from_db()
+    assert run.status == Status.WAITING_FOR_INPUT
+    assert not run.events.filter(kind=EventKind.INPUT).exists()
+
+
+def test_a_tampered_reconciliation_takes_no_verdict(api):
+    run = in_doubt()
+    turn_digest = tamper(run, name="delete_everything")
+    assert digest(run) == turn_digest
+
+    for verdict in ("landed", "not_landed", "abandon"):
+        response = api.post(
+            f"/api/runs/{run.uuid}/reconciliation/",
+            {"verdict": verdict, "turn_digest": turn_digest},
+            format="json",
+        )
+        assert response.status_code == 409 and response.json()["code"] == "unreadable_state"
+
+    run.refresh_from_db()
+    assert run.status == Status.WAITING_FOR_RECONCILIATION
+    assert run.pending_effect == "non_idempotent_write"
+    assert not run.events.filter(kind=EventKind.RECONCILIATION).exists()
