@@ -15,7 +15,7 @@ from django.db import connection
 from django.db.models.functions import Now
 from django.test import override_settings
 
-from agentruns._writer import _DEADLINE_SQL, _NOW_SQL, lease_deadline
+from agentruns.transitions._writer import _DEADLINE_SQL, _NOW_SQL, lease_deadline
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind
 from agentruns.transitions import run_clear_fence, run_heartbeat, run_reclaim_stale, run_stamp_fence

@@ -281,3 +281,8 @@ def _guarded_write(
             if lease is not None:
                 lease.next_sequence = end
     return True
+
+
+def _stale() -> Q:
+    """The reaper's guard: ``running`` with ``lease_expires < Now()`` (the database clock)."""
+    return Q(status=Status.RUNNING, lease_expires__lt=Now())

@@ -1,0 +1,75 @@
+"""Every guarded write on a run's status, lease and fence columns (RUNS.md §3.2).
+
+Each state change is one filtered ``UPDATE`` whose ``WHERE`` is the guard and whose row count is
+the verdict, or — for a decision that must read, check and claim — one transaction holding the
+row lock (``select_for_update``; on SQLite the IMMEDIATE transaction serialises writers instead).
+Nothing else in the code base writes these columns.
+
+Conventions:
+
+* Lease arithmetic and comparisons use the database clock (``Now()``), never the app server's.
+* "Owner" means ``claimed_by`` **and** ``lease_epoch``: a zombie holding an older epoch of the
+  same identity matches nothing.
+* Segment writes return ``bool``: ``False`` means the lease is lost (or the run was cancelled)
+  and the caller must stop at once — settle nothing, write no event, start no write.
+* Decisions raise a typed refusal (``StaleTurn``, ``AlreadyDecided``, ``NotWaiting``, …) and
+  change nothing when refused.
+* A database error never escapes as a bare ``DatabaseError``: it becomes ``StateWriteFailed``
+  after the transaction rolled back.
+* Events written with a state change are inserted in the same transaction, after the guarded
+  ``UPDATE`` took the row, so an event exists if and only if its change took effect.
+* Each transition is its guard and its values, handed to one of two writers: ``_segment_write``
+  (a segment's own writes under its lease: the step boundary, in precompiled SQL) or
+  ``_guarded_write`` (any other guard, through the ORM). Both add ``updated_at`` and take
+  database-computed values as ``DbValue`` (the clock, the lease deadline, an increment).
+"""
+
+from __future__ import annotations
+
+from agentruns.transitions.decisions import (
+    run_decide,
+    run_reconcile_abandon,
+)
+from agentruns.transitions.endings import (
+    run_abandon,
+    run_cancel,
+    run_settle,
+)
+from agentruns.transitions.reaper import (
+    run_mark_in_doubt,
+    run_mark_redispatched,
+    run_reclaim_stale,
+    run_settle_undispatched,
+)
+from agentruns.transitions.segment import (
+    run_claim_queued,
+    run_clear_fence,
+    run_enqueue,
+    run_heartbeat,
+    run_notice_cancel,
+    run_requeue,
+    run_stamp_fence,
+    run_start,
+    run_suspend,
+)
+
+__all__ = [
+    "run_abandon",
+    "run_cancel",
+    "run_claim_queued",
+    "run_clear_fence",
+    "run_decide",
+    "run_enqueue",
+    "run_heartbeat",
+    "run_mark_in_doubt",
+    "run_mark_redispatched",
+    "run_notice_cancel",
+    "run_reclaim_stale",
+    "run_reconcile_abandon",
+    "run_requeue",
+    "run_settle",
+    "run_settle_undispatched",
+    "run_stamp_fence",
+    "run_start",
+    "run_suspend",
+]

@@ -1,0 +1,182 @@
+"""Decisions: read, check and claim under the row lock, in one transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+from uuid import UUID
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Q
+
+from agentruns.exceptions import (
+    AlreadyDecided,
+    NotWaiting,
+    RunNotFound,
+    StaleTurn,
+    UnreadableState,
+)
+from agentruns.leases import Decided, EventSpec, Lease
+from agentruns.models import (
+    AgentRun,
+    Status,
+    TerminationReason,
+)
+from agentruns.transitions._writer import (
+    _RUN_FIELDS,
+    DbValue,
+    _guarded_write,
+    _state_write,
+)
+from agentruns.turns import (
+    Decision,
+    decided_digests,
+    read_pending_turn,
+    stored_digest,
+    with_decision,
+)
+
+# --- Decisions (read, check and claim under the row lock) ----------------------------------------
+
+
+def _lock_run(run_uuid: UUID | str) -> AgentRun:
+    try:
+        return AgentRun.objects.select_for_update().get(uuid=run_uuid)
+    except (AgentRun.DoesNotExist, ValidationError, ValueError) as exc:
+        raise RunNotFound() from exc
+
+
+def _show_written(run: AgentRun, values: Mapping[str, Any]) -> None:
+    """Make ``run`` show what an ``UPDATE`` of ``values`` wrote without reading the row back:
+    plain values are set; values the database computed (expressions: the clock) are deferred,
+    so Django loads them on first access and a stale one is never seen."""
+    for name, value in values.items():
+        attname = _RUN_FIELDS[name].attname
+        if isinstance(value, DbValue) or hasattr(value, "resolve_expression"):
+            run.__dict__.pop(attname, None)
+        else:
+            setattr(run, attname, value)
+
+
+def _check_turn(run: AgentRun, *, expected_status: str, turn_digest: str | None) -> None:
+    """Refuse unless the run waits in ``expected_status`` on exactly the turn ``turn_digest`` and
+    that turn reads as ``turns.read_pending_turn`` shows it (``UnreadableState`` otherwise)."""
+    current = stored_digest(run.pending_turn)
+    if run.status == expected_status and turn_digest and current == turn_digest:
+        pending = read_pending_turn(run)
+        if not pending.readable:  # fail closed: never decide what nobody could be shown
+            raise UnreadableState(f"its pending turn cannot be read: {pending.problem}")
+        return
+    if turn_digest and turn_digest in decided_digests(run.loop_state):
+        raise AlreadyDecided()
+    if run.status != expected_status:
+        raise NotWaiting(status=run.status)
+    raise StaleTurn()
+
+
+@_state_write
+def run_decide(
+    *,
+    run_uuid: UUID | str,
+    expected_status: str,
+    turn_digest: str | None,
+    decision: Decision,
+    event: EventSpec | Callable[[AgentRun], EventSpec],
+    identity: str | None,
+    check: Callable[[AgentRun], None] | None = None,
+) -> Decided:
+    """Record a human decision on a waiting run and hand it on, in one locked transaction.
+
+    Guard (under the row lock): ``status == expected_status`` and the pending turn's digest equals
+    ``turn_digest``; then ``check(run)`` (e.g. four-eyes) may refuse. With ``identity`` the run
+    continues inline: ``running``, claimed by ``identity`` (a ``resume:`` segment), epoch + 1.
+    Without, it is ``queued`` for a worker. ``decision`` is recorded in the loop state
+    (``turns.with_decision``) and ``event`` is appended in the same transaction: audited if and
+    only if it took effect. ``event`` may be a function of the locked run (to name what was
+    decided, e.g. the pending calls, from the row the guard checked).
+
+    The returned run is not read back: it shows the values written, and the columns the
+    database computed (``lease_expires``, ``updated_at``) are deferred — loaded on first access.
+
+    Raises ``RunNotFound``, ``StaleTurn``, ``AlreadyDecided``, ``NotWaiting`` or what ``check``
+    raises; nothing changes then.
+    """
+    with transaction.atomic():
+        run = _lock_run(run_uuid)
+        _check_turn(run, expected_status=expected_status, turn_digest=turn_digest)
+        if check is not None:
+            check(run)
+        state = with_decision(run.loop_state, decision=decision, turn_digest=turn_digest)
+        values: dict[str, Any] = {
+            "loop_state": state,
+            "pending_turn": None,
+            # A reconciliation verdict resolves the in-doubt write: the fence has done its job.
+            "pending_effect": "",
+            "pending_call": None,
+        }
+        lease = None
+        if identity:
+            lease = Lease(run.pk, run.uuid, identity, run.lease_epoch + 1, next_sequence=0)
+            values.update(
+                status=Status.RUNNING,
+                claimed_by=identity,
+                lease_expires=DbValue.LEASE_DEADLINE,
+                lease_epoch=lease.epoch,
+            )
+        else:
+            values.update(status=Status.QUEUED)
+        if not _guarded_write(
+            run.pk,
+            Q(status=expected_status),
+            values,
+            [event(run) if callable(event) else event],
+            epoch=run.lease_epoch,
+            lease=lease,
+            savepoint=False,
+        ):  # pragma: no cover - impossible under the row lock
+            raise NotWaiting()
+        _show_written(run, {**values, "updated_at": DbValue.NOW})
+    return Decided(run=run, lease=lease)
+
+
+@_state_write
+def run_reconcile_abandon(
+    *,
+    run_uuid: UUID | str,
+    turn_digest: str | None,
+    event: EventSpec,
+    check: Callable[[AgentRun], None] | None = None,
+) -> AgentRun:
+    """Settle an in-doubt run ``failed`` / ``reconciled_abandoned`` under the row lock.
+
+    Guard: ``waiting_for_reconciliation`` and the digest of the in-doubt call. Raises as
+    ``run_decide``.
+    """
+    with transaction.atomic():
+        run = _lock_run(run_uuid)
+        _check_turn(run, expected_status=Status.WAITING_FOR_RECONCILIATION, turn_digest=turn_digest)
+        if check is not None:
+            check(run)
+        state = with_decision(run.loop_state, decision=None, turn_digest=turn_digest)
+        if not _guarded_write(
+            run.pk,
+            Q(status=Status.WAITING_FOR_RECONCILIATION),
+            {
+                "status": Status.FAILED,
+                "termination_reason": TerminationReason.RECONCILED_ABANDONED,
+                "loop_state": state,
+                "pending_turn": None,
+                "claimed_by": "",
+                "lease_expires": None,
+                "pending_effect": "",
+                "pending_call": None,
+                "finished_at": DbValue.NOW,
+            },
+            [event],
+            epoch=run.lease_epoch,
+            savepoint=False,
+        ):  # pragma: no cover - impossible under the row lock
+            raise NotWaiting()
+        run.refresh_from_db()
+    return run

@@ -1,0 +1,123 @@
+"""The reaper's transitions, called inside its locked batch; each re-checks staleness in its own
+``UPDATE``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
+from django.db.models.functions import Now
+
+from agentruns.leases import EventSpec
+from agentruns.models import (
+    Effect,
+    Status,
+    TerminationReason,
+)
+from agentruns.transitions._writer import (
+    DbValue,
+    _guarded_write,
+    _stale,
+    _state_write,
+)
+from agentruns.turns import (
+    PendingTurn,
+)
+
+# --- The reaper's transitions (called inside its locked batch) -----------------------------------
+
+
+@_state_write
+def run_reclaim_stale(*, run_id: int, segment: str, event: EventSpec) -> bool:
+    """Take a stale run back to ``queued`` for a worker: budget + 1, claim and fence cleared.
+
+    Guard: ``running`` and ``lease_expires < Now()``, re-checked in the UPDATE itself. ``False``:
+    the holder renewed meanwhile — skip it.
+    """
+    return _guarded_write(
+        run_id,
+        _stale(),
+        {
+            "status": Status.QUEUED,
+            "requeue_count": DbValue.INCREMENT,
+            "claimed_by": "",
+            "lease_expires": None,
+            "pending_effect": "",
+            "pending_call": None,
+        },
+        [event],
+        segment=segment,
+    )
+
+
+@_state_write
+def run_mark_in_doubt(
+    *, run_id: int, pending_turn: PendingTurn, segment: str, event: EventSpec
+) -> bool:
+    """Park a stale run caught mid non-idempotent write in ``waiting_for_reconciliation``.
+
+    Guard: ``running``, ``lease_expires < Now()`` and fence ``non_idempotent_write``. Claim and
+    lease cleared; ``pending_effect``/``pending_call`` kept for the reconciler. ``False``: skip.
+    """
+    return _guarded_write(
+        run_id,
+        _stale() & Q(pending_effect=Effect.NON_IDEMPOTENT_WRITE),
+        {
+            "status": Status.WAITING_FOR_RECONCILIATION,
+            "claimed_by": "",
+            "lease_expires": None,
+            "pending_turn": pending_turn.to_json(),
+        },
+        [event],
+        segment=segment,
+    )
+
+
+@_state_write
+def run_settle_undispatched(
+    *, run_id: int, lease_epoch: int, error: Mapping[str, Any], segment: str, event: EventSpec
+) -> bool:
+    """Settle a run the reaper reclaimed but whose wake-up could not be sent: ``failed`` /
+    ``not_retryable``, never left ``queued`` with nothing to wake it (RUNS.md §7, rule 4).
+
+    Guard: ``queued``, unclaimed and still at ``lease_epoch`` (the epoch the reclaim left), so a
+    worker that claimed it meanwhile (a stale or duplicate task) keeps it. ``False``: skip.
+    """
+    return _guarded_write(
+        run_id,
+        Q(status=Status.QUEUED, claimed_by="", lease_epoch=lease_epoch),
+        {
+            "status": Status.FAILED,
+            "termination_reason": TerminationReason.NOT_RETRYABLE,
+            "error": dict(error),
+            "pending_turn": None,
+            "finished_at": DbValue.NOW,
+        },
+        [event],
+        segment=segment,
+    )
+
+
+@_state_write
+def run_mark_redispatched(
+    *, run_id: int, older_than_seconds: float, segment: str, event: EventSpec
+) -> bool:
+    """Note that the reaper is about to send a fresh wake-up to a queued run nobody claimed.
+
+    Guard: ``queued``, unclaimed and ``updated_at`` older than ``older_than_seconds`` on the
+    database clock (re-checked here, so of two reapers only one redispatches). Bumps
+    ``updated_at`` (the next redispatch waits a whole period) and appends ``event``. ``False``:
+    claimed, touched, cancelled or settled meanwhile — send nothing.
+    """
+    cutoff = ExpressionWrapper(
+        Now() - Value(timedelta(seconds=older_than_seconds)), output_field=DateTimeField()
+    )
+    return _guarded_write(
+        run_id,
+        Q(status=Status.QUEUED, claimed_by="", updated_at__lt=cutoff),
+        {},
+        [event],
+        segment=segment,
+    )

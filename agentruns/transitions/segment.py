@@ -1,0 +1,237 @@
+"""A segment's own transitions: births, claims, the heartbeat, the fence, suspending and handing
+back to the queue. Each is owner-guarded; ``False`` means the lease is lost."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.db.models.functions import Coalesce, Now
+
+from agentruns.leases import EventSpec, Lease
+from agentruns.models import (
+    AgentConfiguration,
+    AgentRun,
+    EventKind,
+    Status,
+)
+from agentruns.transitions._writer import (
+    DbValue,
+    _guarded_write,
+    _insert_events,
+    _segment_write,
+    _state_write,
+    lease_deadline,
+)
+from agentruns.turns import (
+    PendingTurn,
+)
+
+# --- Births ------------------------------------------------------------------------------------
+
+
+@_state_write
+def run_start(
+    *,
+    configuration: AgentConfiguration,
+    initiator_id: int | None,
+    prompt: str,
+    request: Mapping[str, Any],
+    identity: str,
+) -> Lease:
+    """Insert a ``running`` run claimed at birth by ``identity`` with epoch 1."""
+    with transaction.atomic():
+        run = AgentRun.objects.create(
+            configuration=configuration,
+            initiator_id=initiator_id,
+            prompt=prompt,
+            request=dict(request),
+            status=Status.RUNNING,
+            claimed_by=identity,
+            lease_expires=lease_deadline(),
+            lease_epoch=1,
+            started_at=Now(),
+        )
+        lease = Lease(run.pk, run.uuid, identity, 1, next_sequence=0)
+        lease.next_sequence = _insert_events(
+            run.pk, 0, identity, 1, [EventSpec(EventKind.LEASE, {"action": "claimed_at_birth"})]
+        )
+    return lease
+
+
+@_state_write
+def run_enqueue(
+    *,
+    configuration: AgentConfiguration,
+    initiator_id: int | None,
+    prompt: str,
+    request: Mapping[str, Any],
+) -> AgentRun:
+    """Insert a ``queued`` run with no claim. The caller sends the wake-up after commit."""
+    return AgentRun.objects.create(
+        configuration=configuration,
+        initiator_id=initiator_id,
+        prompt=prompt,
+        request=dict(request),
+        status=Status.QUEUED,
+    )
+
+
+# --- Claims, heartbeat, fence --------------------------------------------------------------------
+
+
+@_state_write
+def run_claim_queued(*, run_id: int, identity: str) -> Lease | None:
+    """Claim a ``queued`` run: ``running``, a lease for ``identity``, epoch + 1.
+
+    A compare-and-set on ``(status, lease_epoch)``: of any number of concurrent claimers exactly
+    one matches. ``None`` means another worker won or the run is no longer queued (cancelled,
+    already running, terminal): do nothing.
+    """
+    row = AgentRun.objects.filter(pk=run_id).values("status", "lease_epoch", "uuid").first()
+    if row is None or row["status"] != Status.QUEUED:
+        return None
+    lease = Lease(run_id, row["uuid"], identity, row["lease_epoch"] + 1, next_sequence=0)
+    claimed = _guarded_write(
+        run_id,
+        Q(status=Status.QUEUED, lease_epoch=row["lease_epoch"]),
+        {
+            "status": Status.RUNNING,
+            "claimed_by": identity,
+            "lease_expires": DbValue.LEASE_DEADLINE,
+            "lease_epoch": lease.epoch,
+            "started_at": Coalesce(F("started_at"), Now()),
+        },
+        [EventSpec(EventKind.LEASE, {"action": "claimed"})],
+        lease=lease,
+    )
+    return lease if claimed else None
+
+
+@_state_write
+def run_heartbeat(
+    lease: Lease,
+    *,
+    loop_state: Mapping[str, Any] | None = None,
+    events: Iterable[EventSpec] = (),
+) -> bool:
+    """Renew the lease (a step boundary may also save ``loop_state`` and append events).
+
+    Guard: ``running``, ``claimed_by`` = owner, ``lease_epoch`` = epoch. ``False``: lease lost.
+    """
+    return _segment_write(
+        lease, {"lease_expires": DbValue.LEASE_DEADLINE}, events, loop_state=loop_state
+    )
+
+
+@_state_write
+def run_stamp_fence(
+    lease: Lease,
+    *,
+    effect: str,
+    call: Mapping[str, Any],
+    loop_state: Mapping[str, Any] | None = None,
+) -> bool:
+    """Stamp the write in flight (its effect and call) before the tool runs; renews the lease.
+
+    ``False``: lease lost — the write must not start.
+    """
+    return _segment_write(
+        lease,
+        {
+            "pending_effect": effect,
+            "pending_call": dict(call),
+            "lease_expires": DbValue.LEASE_DEADLINE,
+        },
+        loop_state=loop_state,
+    )
+
+
+@_state_write
+def run_clear_fence(
+    lease: Lease,
+    *,
+    loop_state: Mapping[str, Any] | None = None,
+    events: Iterable[EventSpec] = (),
+) -> bool:
+    """Clear the fence after the tool ran (a heartbeat too). ``False``: lease lost."""
+    return _segment_write(
+        lease,
+        {"pending_effect": "", "pending_call": None, "lease_expires": DbValue.LEASE_DEADLINE},
+        events,
+        loop_state=loop_state,
+    )
+
+
+@_state_write
+def run_suspend(
+    lease: Lease,
+    *,
+    status: str,
+    pending_turn: PendingTurn,
+    loop_state: Mapping[str, Any],
+    events: Iterable[EventSpec] = (),
+) -> bool:
+    """Park a running run in a ``waiting_for_*`` state with its pending turn; release the claim.
+
+    ``False``: the run was cancelled or the lease lost meanwhile — fail closed, never announce a
+    resumable pause.
+    """
+    if status not in {Status.WAITING_FOR_APPROVAL, Status.WAITING_FOR_INPUT}:
+        raise ValueError(f"cannot suspend into {status!r}")
+    return _segment_write(
+        lease,
+        {
+            "status": status,
+            "pending_turn": pending_turn.to_json(),
+            "claimed_by": "",
+            "lease_expires": None,
+        },
+        events,
+        loop_state=loop_state,
+    )
+
+
+@_state_write
+def run_requeue(
+    lease: Lease,
+    *,
+    error: Mapping[str, Any],
+    events: Iterable[EventSpec] = (),
+) -> bool:
+    """Hand a failed running run back to the queue for a retry: ``queued``, budget + 1.
+
+    Guard: owner. Claim and fence cleared. ``False``: lease lost.
+    """
+    return _segment_write(
+        lease,
+        {
+            "status": Status.QUEUED,
+            "requeue_count": DbValue.INCREMENT,
+            "claimed_by": "",
+            "lease_expires": None,
+            "pending_effect": "",
+            "pending_call": None,
+            "error": dict(error),
+        },
+        events,
+    )
+
+
+@_state_write
+def run_notice_cancel(lease: Lease, *, events: Iterable[EventSpec] = ()) -> bool:
+    """Record that the segment holding the run saw its cancel at a step boundary.
+
+    Guard: ``cancelled`` and still naming this owner and epoch (a cancel keeps the claim so the
+    holder can recognise it). Releases the claim; the terminal outcome is untouched.
+    """
+    return _guarded_write(
+        lease.run_id,
+        Q(status=Status.CANCELLED, claimed_by=lease.owner, lease_epoch=lease.epoch),
+        {"claimed_by": ""},
+        events,
+        segment=lease.owner,
+        epoch=lease.epoch,
+    )
