@@ -18,9 +18,9 @@ Conventions:
   after the transaction rolled back.
 * Events written with a state change are inserted in the same transaction, after the guarded
   ``UPDATE`` took the row, so an event exists if and only if its change took effect.
-* Each transition is its guard and its values, handed to one of two writers: ``_segment_write``
+* Each transition is its guard and its values, handed to one of two writers: ``segment_write``
   (a segment's own writes under its lease: the step boundary, in precompiled SQL) or
-  ``_guarded_write`` (any other guard, through the ORM). Both add ``updated_at`` and take
+  ``guarded_write`` (any other guard, through the ORM). Both add ``updated_at`` and take
   database-computed values as ``DbValue`` (the clock, the lease deadline, an increment).
 """
 

@@ -1,9 +1,9 @@
 """The two writers behind ``agentruns.transitions`` and the SQL they execute. Private: only the
 transitions call them.
 
-* ``_segment_write`` — a segment's own writes under its lease (the step boundary), in
+* ``segment_write`` — a segment's own writes under its lease (the step boundary), in
   precompiled SQL.
-* ``_guarded_write`` — any other guard, through the ORM.
+* ``guarded_write`` — any other guard, through the ORM.
 
 Both add ``updated_at``, take database-computed values as ``DbValue`` (the clock, the lease
 deadline, an increment) and append events in the same transaction as the guarded ``UPDATE``.
@@ -33,7 +33,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _state_write(func: Callable[P, R]) -> Callable[P, R]:
+def state_write(func: Callable[P, R]) -> Callable[P, R]:
     """Turn a database error into ``StateWriteFailed`` (the transaction has rolled back)."""
 
     @functools.wraps(func)
@@ -86,17 +86,17 @@ class DbValue(Enum):
 
 
 # The supported vendors (settings: SQLite or PostgreSQL). ``%%`` is a literal ``%``.
-_NOW_SQL = {
+NOW_SQL = {
     "postgresql": "STATEMENT_TIMESTAMP()",
     "sqlite": "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')",
 }
 # Now() + a DurationField parameter, as Django compiles it (SQLite: a Python function that the
 # backend registers on every connection and that formats the sum as Django stores datetimes).
-_DEADLINE_SQL = {
+DEADLINE_SQL = {
     "postgresql": "(STATEMENT_TIMESTAMP() + %s)",
     "sqlite": "(django_format_dtdelta('+', STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'), %s))",
 }
-_RUN_FIELDS = {f.name: f for f in AgentRun._meta.concrete_fields}
+RUN_FIELDS = {f.name: f for f in AgentRun._meta.concrete_fields}
 _EVENT_FIELDS = {f.name: f for f in AgentRunEvent._meta.concrete_fields}
 _EVENT_COLUMNS = (
     "run",
@@ -136,7 +136,7 @@ def _insert_sql(db: BaseDatabaseWrapper, rows: int) -> str:
     return _sql_cache[key]
 
 
-def _insert_events(
+def insert_events(
     run_id: int, first_sequence: int, segment: str, epoch: int, events: Iterable[EventSpec]
 ) -> int:
     """Append ``events`` numbered from ``first_sequence`` (one multi-row INSERT); the next
@@ -171,21 +171,21 @@ def _update_sql(db: BaseDatabaseWrapper, shape: tuple[tuple[str, DbValue | None]
     the owner guard."""
     key = ("update", db.vendor, shape)
     if key not in _sql_cache:
-        if db.vendor not in _NOW_SQL:
+        if db.vendor not in NOW_SQL:
             raise NotImplementedError(f"no boundary SQL for {db.vendor} (SQLite or PostgreSQL)")
         quote = db.ops.quote_name
         assignments = []
         for name, computed in shape:
-            column = quote(_RUN_FIELDS[name].column)
+            column = quote(RUN_FIELDS[name].column)
             if computed is DbValue.NOW:
-                assignments.append(f"{column} = {_NOW_SQL[db.vendor]}")
+                assignments.append(f"{column} = {NOW_SQL[db.vendor]}")
             elif computed is DbValue.LEASE_DEADLINE:
-                assignments.append(f"{column} = {_DEADLINE_SQL[db.vendor]}")
+                assignments.append(f"{column} = {DEADLINE_SQL[db.vendor]}")
             elif computed is DbValue.INCREMENT:
                 assignments.append(f"{column} = {column} + 1")
             else:
                 assignments.append(f"{column} = %s")
-        guard = " AND ".join(f"{quote(_RUN_FIELDS[name].column)} = %s" for name in _SEGMENT_GUARD)
+        guard = " AND ".join(f"{quote(RUN_FIELDS[name].column)} = %s" for name in _SEGMENT_GUARD)
         _sql_cache[key] = (
             f"UPDATE {quote(AgentRun._meta.db_table)} SET {', '.join(assignments)} WHERE {guard}"
         )
@@ -208,12 +208,12 @@ def _segment_update(lease: Lease, values: Mapping[str, Any]) -> bool:
                 params.append(_DURATION.get_db_prep_value(deadline, db))
         else:
             shape.append((name, None))
-            params.append(_RUN_FIELDS[name].get_db_prep_save(value, db))
+            params.append(RUN_FIELDS[name].get_db_prep_save(value, db))
     params += [lease.run_id, str(Status.RUNNING), lease.owner, lease.epoch]
     return _execute(db, _update_sql(db, tuple(shape)), params) == 1
 
 
-def _segment_write(
+def segment_write(
     lease: Lease,
     values: Mapping[str, Any],
     events: Iterable[EventSpec] = (),
@@ -232,7 +232,7 @@ def _segment_write(
     with transaction.atomic():
         if not _segment_update(lease, values):
             return False
-        lease.next_sequence = _insert_events(
+        lease.next_sequence = insert_events(
             lease.run_id, lease.next_sequence, lease.owner, lease.epoch, events
         )
     return True
@@ -248,7 +248,7 @@ def _orm_value(name: str, value: Any) -> Any:
     return value
 
 
-def _guarded_write(
+def guarded_write(
     run_id: int,
     guard: Q,
     values: Mapping[str, Any],
@@ -277,12 +277,12 @@ def _guarded_write(
             return False
         if events:
             signer = (lease.owner, lease.epoch) if lease is not None else (segment, epoch)
-            end = _insert_events(run_id, _next_sequence(run_id), *signer, events)
+            end = insert_events(run_id, _next_sequence(run_id), *signer, events)
             if lease is not None:
                 lease.next_sequence = end
     return True
 
 
-def _stale() -> Q:
+def stale() -> Q:
     """The reaper's guard: ``running`` with ``lease_expires < Now()`` (the database clock)."""
     return Q(status=Status.RUNNING, lease_expires__lt=Now())

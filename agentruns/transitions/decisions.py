@@ -24,10 +24,10 @@ from agentruns.models import (
     TerminationReason,
 )
 from agentruns.transitions._writer import (
-    _RUN_FIELDS,
+    RUN_FIELDS,
     DbValue,
-    _guarded_write,
-    _state_write,
+    guarded_write,
+    state_write,
 )
 from agentruns.turns import (
     Decision,
@@ -52,7 +52,7 @@ def _show_written(run: AgentRun, values: Mapping[str, Any]) -> None:
     plain values are set; values the database computed (expressions: the clock) are deferred,
     so Django loads them on first access and a stale one is never seen."""
     for name, value in values.items():
-        attname = _RUN_FIELDS[name].attname
+        attname = RUN_FIELDS[name].attname
         if isinstance(value, DbValue) or hasattr(value, "resolve_expression"):
             run.__dict__.pop(attname, None)
         else:
@@ -75,7 +75,7 @@ def _check_turn(run: AgentRun, *, expected_status: str, turn_digest: str | None)
     raise StaleTurn()
 
 
-@_state_write
+@state_write
 def run_decide(
     *,
     run_uuid: UUID | str,
@@ -126,7 +126,7 @@ def run_decide(
             )
         else:
             values.update(status=Status.QUEUED)
-        if not _guarded_write(
+        if not guarded_write(
             run.pk,
             Q(status=expected_status),
             values,
@@ -140,7 +140,7 @@ def run_decide(
     return Decided(run=run, lease=lease)
 
 
-@_state_write
+@state_write
 def run_reconcile_abandon(
     *,
     run_uuid: UUID | str,
@@ -159,7 +159,7 @@ def run_reconcile_abandon(
         if check is not None:
             check(run)
         state = with_decision(run.loop_state, decision=None, turn_digest=turn_digest)
-        if not _guarded_write(
+        if not guarded_write(
             run.pk,
             Q(status=Status.WAITING_FOR_RECONCILIATION),
             {

@@ -16,10 +16,10 @@ from agentruns.models import (
 )
 from agentruns.transitions._writer import (
     DbValue,
-    _guarded_write,
-    _segment_write,
-    _stale,
-    _state_write,
+    guarded_write,
+    segment_write,
+    stale,
+    state_write,
 )
 
 NON_TERMINAL = [s for s in Status.values if s not in TERMINAL_STATUSES]
@@ -28,7 +28,7 @@ NON_TERMINAL = [s for s in Status.values if s not in TERMINAL_STATUSES]
 # --- Endings -------------------------------------------------------------------------------------
 
 
-@_state_write
+@state_write
 def run_settle(
     *,
     run_id: int,
@@ -64,19 +64,19 @@ def run_settle(
         **dict(totals or {}),
     }
     if lease is not None:
-        return _segment_write(lease, values, events)
-    guard = _stale() if stale_only else Q(status__in=NON_TERMINAL)
-    return _guarded_write(run_id, guard, values, events, segment=segment)
+        return segment_write(lease, values, events)
+    guard = stale() if stale_only else Q(status__in=NON_TERMINAL)
+    return guarded_write(run_id, guard, values, events, segment=segment)
 
 
-@_state_write
+@state_write
 def run_cancel(*, run_id: int, actor_id: int | None = None, note: str = "") -> bool:
     """Cancel a non-terminal run. ``False``: already terminal — nothing changes.
 
     A running holder keeps its ``claimed_by``/``lease_epoch`` so that it recognises the cancel at
     its next boundary (``run_notice_cancel``); the lease itself ends now.
     """
-    return _guarded_write(
+    return guarded_write(
         run_id,
         Q(status__in=NON_TERMINAL),
         {
@@ -90,7 +90,7 @@ def run_cancel(*, run_id: int, actor_id: int | None = None, note: str = "") -> b
     )
 
 
-@_state_write
+@state_write
 def run_abandon(lease: Lease, *, note: str = "") -> bool:
     """Settle a run whose interactive client went away mid-stream: ``failed`` / ``abandoned``.
 
@@ -102,7 +102,7 @@ def run_abandon(lease: Lease, *, note: str = "") -> bool:
     sequenced from the table, not from the segment's counter. ``False``: fenced, already paused
     or ended, or the lease was lost — nothing changed.
     """
-    return _guarded_write(
+    return guarded_write(
         lease.run_id,
         Q(
             status=Status.RUNNING,

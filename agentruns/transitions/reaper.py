@@ -18,9 +18,9 @@ from agentruns.models import (
 )
 from agentruns.transitions._writer import (
     DbValue,
-    _guarded_write,
-    _stale,
-    _state_write,
+    guarded_write,
+    stale,
+    state_write,
 )
 from agentruns.turns import (
     PendingTurn,
@@ -29,16 +29,16 @@ from agentruns.turns import (
 # --- The reaper's transitions (called inside its locked batch) -----------------------------------
 
 
-@_state_write
+@state_write
 def run_reclaim_stale(*, run_id: int, segment: str, event: EventSpec) -> bool:
     """Take a stale run back to ``queued`` for a worker: budget + 1, claim and fence cleared.
 
     Guard: ``running`` and ``lease_expires < Now()``, re-checked in the UPDATE itself. ``False``:
     the holder renewed meanwhile — skip it.
     """
-    return _guarded_write(
+    return guarded_write(
         run_id,
-        _stale(),
+        stale(),
         {
             "status": Status.QUEUED,
             "requeue_count": DbValue.INCREMENT,
@@ -52,7 +52,7 @@ def run_reclaim_stale(*, run_id: int, segment: str, event: EventSpec) -> bool:
     )
 
 
-@_state_write
+@state_write
 def run_mark_in_doubt(
     *, run_id: int, pending_turn: PendingTurn, segment: str, event: EventSpec
 ) -> bool:
@@ -61,9 +61,9 @@ def run_mark_in_doubt(
     Guard: ``running``, ``lease_expires < Now()`` and fence ``non_idempotent_write``. Claim and
     lease cleared; ``pending_effect``/``pending_call`` kept for the reconciler. ``False``: skip.
     """
-    return _guarded_write(
+    return guarded_write(
         run_id,
-        _stale() & Q(pending_effect=Effect.NON_IDEMPOTENT_WRITE),
+        stale() & Q(pending_effect=Effect.NON_IDEMPOTENT_WRITE),
         {
             "status": Status.WAITING_FOR_RECONCILIATION,
             "claimed_by": "",
@@ -75,7 +75,7 @@ def run_mark_in_doubt(
     )
 
 
-@_state_write
+@state_write
 def run_settle_undispatched(
     *, run_id: int, lease_epoch: int, error: Mapping[str, Any], segment: str, event: EventSpec
 ) -> bool:
@@ -85,7 +85,7 @@ def run_settle_undispatched(
     Guard: ``queued``, unclaimed and still at ``lease_epoch`` (the epoch the reclaim left), so a
     worker that claimed it meanwhile (a stale or duplicate task) keeps it. ``False``: skip.
     """
-    return _guarded_write(
+    return guarded_write(
         run_id,
         Q(status=Status.QUEUED, claimed_by="", lease_epoch=lease_epoch),
         {
@@ -100,7 +100,7 @@ def run_settle_undispatched(
     )
 
 
-@_state_write
+@state_write
 def run_mark_redispatched(
     *, run_id: int, older_than_seconds: float, segment: str, event: EventSpec
 ) -> bool:
@@ -114,7 +114,7 @@ def run_mark_redispatched(
     cutoff = ExpressionWrapper(
         Now() - Value(timedelta(seconds=older_than_seconds)), output_field=DateTimeField()
     )
-    return _guarded_write(
+    return guarded_write(
         run_id,
         Q(status=Status.QUEUED, claimed_by="", updated_at__lt=cutoff),
         {},

@@ -19,11 +19,11 @@ from agentruns.models import (
 )
 from agentruns.transitions._writer import (
     DbValue,
-    _guarded_write,
-    _insert_events,
-    _segment_write,
-    _state_write,
+    guarded_write,
+    insert_events,
     lease_deadline,
+    segment_write,
+    state_write,
 )
 from agentruns.turns import (
     PendingTurn,
@@ -32,7 +32,7 @@ from agentruns.turns import (
 # --- Births ------------------------------------------------------------------------------------
 
 
-@_state_write
+@state_write
 def run_start(
     *,
     configuration: AgentConfiguration,
@@ -55,13 +55,13 @@ def run_start(
             started_at=Now(),
         )
         lease = Lease(run.pk, run.uuid, identity, 1, next_sequence=0)
-        lease.next_sequence = _insert_events(
+        lease.next_sequence = insert_events(
             run.pk, 0, identity, 1, [EventSpec(EventKind.LEASE, {"action": "claimed_at_birth"})]
         )
     return lease
 
 
-@_state_write
+@state_write
 def run_enqueue(
     *,
     configuration: AgentConfiguration,
@@ -82,7 +82,7 @@ def run_enqueue(
 # --- Claims, heartbeat, fence --------------------------------------------------------------------
 
 
-@_state_write
+@state_write
 def run_claim_queued(*, run_id: int, identity: str) -> Lease | None:
     """Claim a ``queued`` run: ``running``, a lease for ``identity``, epoch + 1.
 
@@ -94,7 +94,7 @@ def run_claim_queued(*, run_id: int, identity: str) -> Lease | None:
     if row is None or row["status"] != Status.QUEUED:
         return None
     lease = Lease(run_id, row["uuid"], identity, row["lease_epoch"] + 1, next_sequence=0)
-    claimed = _guarded_write(
+    claimed = guarded_write(
         run_id,
         Q(status=Status.QUEUED, lease_epoch=row["lease_epoch"]),
         {
@@ -110,7 +110,7 @@ def run_claim_queued(*, run_id: int, identity: str) -> Lease | None:
     return lease if claimed else None
 
 
-@_state_write
+@state_write
 def run_heartbeat(
     lease: Lease,
     *,
@@ -121,12 +121,12 @@ def run_heartbeat(
 
     Guard: ``running``, ``claimed_by`` = owner, ``lease_epoch`` = epoch. ``False``: lease lost.
     """
-    return _segment_write(
+    return segment_write(
         lease, {"lease_expires": DbValue.LEASE_DEADLINE}, events, loop_state=loop_state
     )
 
 
-@_state_write
+@state_write
 def run_stamp_fence(
     lease: Lease,
     *,
@@ -138,7 +138,7 @@ def run_stamp_fence(
 
     ``False``: lease lost — the write must not start.
     """
-    return _segment_write(
+    return segment_write(
         lease,
         {
             "pending_effect": effect,
@@ -149,7 +149,7 @@ def run_stamp_fence(
     )
 
 
-@_state_write
+@state_write
 def run_clear_fence(
     lease: Lease,
     *,
@@ -157,7 +157,7 @@ def run_clear_fence(
     events: Iterable[EventSpec] = (),
 ) -> bool:
     """Clear the fence after the tool ran (a heartbeat too). ``False``: lease lost."""
-    return _segment_write(
+    return segment_write(
         lease,
         {"pending_effect": "", "pending_call": None, "lease_expires": DbValue.LEASE_DEADLINE},
         events,
@@ -165,7 +165,7 @@ def run_clear_fence(
     )
 
 
-@_state_write
+@state_write
 def run_suspend(
     lease: Lease,
     *,
@@ -181,7 +181,7 @@ def run_suspend(
     """
     if status not in {Status.WAITING_FOR_APPROVAL, Status.WAITING_FOR_INPUT}:
         raise ValueError(f"cannot suspend into {status!r}")
-    return _segment_write(
+    return segment_write(
         lease,
         {
             "status": status,
@@ -194,7 +194,7 @@ def run_suspend(
     )
 
 
-@_state_write
+@state_write
 def run_requeue(
     lease: Lease,
     *,
@@ -205,7 +205,7 @@ def run_requeue(
 
     Guard: owner. Claim and fence cleared. ``False``: lease lost.
     """
-    return _segment_write(
+    return segment_write(
         lease,
         {
             "status": Status.QUEUED,
@@ -220,14 +220,14 @@ def run_requeue(
     )
 
 
-@_state_write
+@state_write
 def run_notice_cancel(lease: Lease, *, events: Iterable[EventSpec] = ()) -> bool:
     """Record that the segment holding the run saw its cancel at a step boundary.
 
     Guard: ``cancelled`` and still naming this owner and epoch (a cancel keeps the claim so the
     holder can recognise it). Releases the claim; the terminal outcome is untouched.
     """
-    return _guarded_write(
+    return guarded_write(
         lease.run_id,
         Q(status=Status.CANCELLED, claimed_by=lease.owner, lease_epoch=lease.epoch),
         {"claimed_by": ""},

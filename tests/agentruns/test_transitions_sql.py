@@ -15,10 +15,10 @@ from django.db import connection
 from django.db.models.functions import Now
 from django.test import override_settings
 
-from agentruns.transitions._writer import _DEADLINE_SQL, _NOW_SQL, lease_deadline
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind
 from agentruns.transitions import run_clear_fence, run_heartbeat, run_reclaim_stale, run_stamp_fence
+from agentruns.transitions._writer import DEADLINE_SQL, NOW_SQL, lease_deadline
 from tests.agentruns.transitions_support import CALL, REAPER, events, reaper_event, start
 
 pytestmark = pytest.mark.django_db
@@ -45,8 +45,8 @@ def test_the_clock_sql_is_what_django_compiles_for_now_and_a_deadline():
     now_sql, now_params = compiler.compile(Now().resolve_expression(query))
     deadline_sql, deadline_params = compiler.compile(lease_deadline().resolve_expression(query))
 
-    assert (now_sql, now_params) == (_NOW_SQL[connection.vendor], [])
-    assert deadline_sql == _DEADLINE_SQL[connection.vendor]
+    assert (now_sql, now_params) == (NOW_SQL[connection.vendor], [])
+    assert deadline_sql == DEADLINE_SQL[connection.vendor]
     assert len(deadline_params) == 1
 
 
