@@ -29,7 +29,7 @@ from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.segment import continue_segment
 from agentruns.services.runtime.transcript import DENIED_MESSAGE
 from agentruns.tools import registry
-from agentruns.turns import turn_digest
+from agentruns.turns import Call, turn_digest
 from playground.models import Note
 from tests.agentruns.factories import AgentRunFactory, UserFactory, lease_for
 from tests.agentruns.runtime_support import (
@@ -384,7 +384,7 @@ def test_a_lease_on_no_persisted_run_is_refused_for_a_write(probes):
         tool_step.before_tool(
             effect=Effect.NON_IDEMPOTENT_WRITE,
             lease=unpersisted,
-            call={"id": "c", "name": "probe_create"},
+            call=Call(id="c", name="probe_create"),
         )
 
 

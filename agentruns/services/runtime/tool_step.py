@@ -94,7 +94,7 @@ def before_tool(
     *,
     effect: str,
     lease: Lease | None,
-    call: Mapping[str, Any],
+    call: Call,
     loop_state: Mapping[str, Any] | None = None,
 ) -> bool:
     """The before-tool hook. Whether the tool may run: reads always; a write once its fence is
@@ -107,9 +107,11 @@ def before_tool(
         return True
     if lease is None or not lease.run_id:
         raise WriteWithoutDurableExecution(
-            f"{call.get('name')!r} is a {effect} and this segment holds no lease on a persisted run"
+            f"{call.name!r} is a {effect} and this segment holds no lease on a persisted run"
         )
-    return transitions.run_stamp_fence(lease, effect=effect, call=call, loop_state=loop_state)
+    return transitions.run_stamp_fence(
+        lease, effect=effect, call=call.to_json(), loop_state=loop_state
+    )
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,7 @@ def execute_tool_call(
     Raises ``WriteWithoutDurableExecution`` (no lease, write effect) before the body runs.
     """
     effect = tool.effect if tool is not None else Effect.NON_IDEMPOTENT_WRITE
-    call = {"id": call_id, "name": name, "arguments": arguments, "effect": str(effect)}
+    call = Call(id=call_id, name=name, arguments=arguments, effect=str(effect))
     if not before_tool(effect=effect, lease=lease, call=call, loop_state=loop_state):
         return ToolStep(result=None, lease_lost=True)
     context = ToolContext(
