@@ -10,6 +10,27 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+DEFAULTS: dict[str, Any] = {
+    # Seconds a segment's lease lasts; renewed at every step boundary and every third of it.
+    "LEASE_SECONDS": 60,
+    # Retries a run may use (failure retries and stale reclaims share the budget).
+    "MAX_REQUEUES": 3,
+    # Hard upper bound on a configuration's max_iterations.
+    "MAX_ITERATIONS": 20,
+    # Timeout of one tool call; keep it below what the heartbeat ticker can cover.
+    "TOOL_TIMEOUT_SECONDS": 30,
+    # Queued runs nobody claimed for this long get a fresh task from the reaper.
+    "REDISPATCH_SECONDS": 120,
+    # First retry delay; doubled on every retry (exponential backoff).
+    "RETRY_BACKOFF_SECONDS": 2,
+    # Hosts (or host:port) call_webhook may POST to. Anything else is refused unsent.
+    "WEBHOOK_ALLOWLIST": [],
+    # Whether MCP servers may be started as local processes (stdio transport).
+    "MCP_STDIO_ALLOWED": False,
+    # How often (minutes) django-q2 runs the stale-run reaper.
+    "REAPER_INTERVAL_MINUTES": 1,
+}
+
 
 def _parse(name: str, raw: str, default: Any) -> Any:
     try:
@@ -47,11 +68,9 @@ def get(name: str) -> Any:
     """One ``AGENTRUNS`` value, read at call time so ``override_settings`` works in tests."""
     from django.conf import settings
 
-    from config.settings.base import AGENTRUNS_DEFAULTS
-
     configured = getattr(settings, "AGENTRUNS", {})
     if name in configured:
         return configured[name]
-    if name in AGENTRUNS_DEFAULTS:
-        return AGENTRUNS_DEFAULTS[name]
+    if name in DEFAULTS:
+        return DEFAULTS[name]
     raise ImproperlyConfigured(f"Unknown AGENTRUNS setting {name!r}")
