@@ -127,10 +127,10 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 LOGIN_URL = "admin:login"
 
 # --- Leasehold -----------------------------------------------------------------------------
-# The defaults are documented in agentruns.conf.DEFAULTS. Every key can be overridden by the
-# environment variable AGENTRUNS_<KEY> (see agentruns.conf for the parsing: integers, floats,
-# booleans and comma-separated lists).
-AGENTRUNS = agentruns_conf.parse_env_overrides(agentruns_conf.DEFAULTS, os.environ)
+# The defaults, each with what it means, live in agentruns.conf.DEFAULTS. Every key can be
+# overridden by the environment variable AGENTRUNS_<KEY> (see agentruns.conf for the parsing:
+# integers, floats, booleans and comma-separated lists).
+AGENTRUNS = agentruns_conf.settings_from_env(os.environ)
 
 # --- django-q2 -------------------------------------------------------------------------------
 # The ORM broker is the default: a task row is written on the caller's own connection, so it
