@@ -31,7 +31,7 @@ from agentruns.models import (
     Status,
     TerminationReason,
 )
-from agentruns.providers.base import ProviderError, ProviderReply, ToolCall, provider_for
+from agentruns.providers import ProviderError, ProviderReply, ToolCall, provider_for
 from agentruns.services.runtime.ticker import LeaseTicker
 from agentruns.services.runtime.transcript import (
     DENIED_MESSAGE,
