@@ -20,7 +20,8 @@ from agentruns.models import (
     McpServer,
     McpTransport,
 )
-from agentruns.tools.mcp import McpError, mcp_server_sync_tools
+from agentruns.services.mcp_sync import mcp_server_sync_tools
+from agentruns.tools.mcp import McpError
 
 
 @admin.register(AgentConfiguration)

@@ -34,12 +34,12 @@ from agentruns.models import (
     Status,
 )
 from agentruns.services import runs
+from agentruns.services.mcp_sync import mcp_server_sync_tools
 from agentruns.services.runtime.segment import Outcome, execute_tool_call
 from agentruns.tools import registry
 from agentruns.tools.mcp import (
     McpError,
     build_snapshot,
-    mcp_server_sync_tools,
     registered_name,
     server_name_of,
 )

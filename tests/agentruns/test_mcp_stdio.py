@@ -16,9 +16,9 @@ from django.test import override_settings
 
 from agentruns.models import AgentRunEvent, Effect, EventKind, McpServer, McpTransport, Status
 from agentruns.services import runs
+from agentruns.services.mcp_sync import mcp_server_sync_tools
 from agentruns.services.runtime.segment import Outcome
 from agentruns.tools import registry
-from agentruns.tools.mcp import mcp_server_sync_tools
 from tests.agentruns.factories import AgentConfigurationFactory
 from tests.support.mcp_stdio_server import read_calls, stdio_command
 

@@ -6,7 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agentruns.tools.mcp import McpError, mcp_server_sync_tools, servers_to_sync
+from agentruns.services.mcp_sync import mcp_server_sync_tools, servers_to_sync
+from agentruns.tools.mcp import McpError
 
 
 class Command(BaseCommand):
