@@ -7,8 +7,8 @@ Every remote tool is a ``non_idempotent_write`` whatever the server says about i
 waits for approval is the server row's ``approval_required`` (fail closed).
 
 It must never stamp, check or clear a lease or a fence: the runtime's before-tool hook does that
-before ``Tool.func`` is called. The only rows written here are ``McpServer`` discovery columns
-(``mcp_server_sync_tools``).
+before ``Tool.func`` is called. It writes no rows: ``agentruns.services.mcp_sync`` stores what
+discovery (``list_remote_tools``, ``build_snapshot``) finds.
 """
 
 from __future__ import annotations
