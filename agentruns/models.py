@@ -172,7 +172,6 @@ class AgentRun(models.Model):
         ]
         permissions = [
             ("decide_agentrun", "Can decide pending agent runs (approve, deny, input, reconcile)"),
-            ("use_playground", "Can use the tool playground"),
         ]
 
     def __str__(self) -> str:

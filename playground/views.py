@@ -30,7 +30,7 @@ from playground import trace
 from playground.forms import RunForm
 from playground.stream import RunStream
 
-PERMISSION = "agentruns.use_playground"
+PERMISSION = "playground.use_playground"
 HISTORY_LENGTH = 20
 INPUT_PREFIX = "value"  # the input form's field names: value-f0, value-f1, …
 NDJSON = "application/x-ndjson"
