@@ -35,6 +35,8 @@ ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
+    # Before the admin: its admin/index.html (the inbox link) overrides the admin's own.
+    "approvals",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -47,7 +49,6 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI and Redoc served from our static files (no CDN)
     "django_q",
     "agentruns",
-    "approvals",
     "playground",
 ]
 
