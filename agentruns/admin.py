@@ -20,7 +20,7 @@ from agentruns.models import (
     McpServer,
     McpTransport,
 )
-from agentruns.tools.mcp import McpError, mcp_server_sync_tools
+from agentruns.services.mcp_sync import mcp_server_sync
 
 
 @admin.register(AgentConfiguration)
@@ -184,9 +184,7 @@ class McpServerAdmin(admin.ModelAdmin):
     @admin.action(description="Sync tools (list them from the server)")
     def sync_tools(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
         for server in queryset:
-            try:
-                snapshot = mcp_server_sync_tools(server=server)
-            except McpError as exc:
-                self.message_user(request, f"{server.name}: {exc}", messages.ERROR)
-                continue
-            self.message_user(request, f"{server.name}: {len(snapshot)} tools", messages.SUCCESS)
+            result = mcp_server_sync(server=server)
+            detail = f"{len(result.snapshot)} tools" if result.ok else result.error
+            level = messages.SUCCESS if result.ok else messages.ERROR
+            self.message_user(request, f"{result.server_name}: {detail}", level)

@@ -1,14 +1,41 @@
-"""The ``AGENTRUNS`` settings: documented defaults, each overridable by ``AGENTRUNS_<NAME>``.
+"""The ``AGENTRUNS`` settings: the documented defaults, a project's overrides, the environment.
 
-Must not import Django models: ``config.settings`` imports this module.
+Every name has its default here, so a project that defines no ``AGENTRUNS`` setting at all gets
+them. A project that wants the ``AGENTRUNS_<NAME>`` environment overrides builds its setting with
+``settings_from_env(os.environ)`` (``config.settings.base`` does). ``get`` reads the project's
+value first and falls back to the default, per name.
+
+Must not import Django models or the host project: settings modules import this one.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+
+DEFAULTS: dict[str, Any] = {
+    # Seconds a segment's lease lasts; renewed at every step boundary and every third of it.
+    "LEASE_SECONDS": 60,
+    # Retries a run may use (failure retries and stale reclaims share the budget).
+    "MAX_REQUEUES": 3,
+    # Hard upper bound on a configuration's max_iterations.
+    "MAX_ITERATIONS": 20,
+    # Timeout of one tool call; keep it below what the heartbeat ticker can cover.
+    "TOOL_TIMEOUT_SECONDS": 30,
+    # Queued runs nobody claimed for this long get a fresh task from the reaper.
+    "REDISPATCH_SECONDS": 120,
+    # First retry delay; doubled on every retry (exponential backoff).
+    "RETRY_BACKOFF_SECONDS": 2,
+    # Hosts (or host:port) call_webhook may POST to. Anything else is refused unsent.
+    "WEBHOOK_ALLOWLIST": [],
+    # Whether MCP servers may be started as local processes (stdio transport).
+    "MCP_STDIO_ALLOWED": False,
+    # How often (minutes) django-q2 runs the stale-run reaper.
+    "REAPER_INTERVAL_MINUTES": 1,
+}
 
 
 def _parse(name: str, raw: str, default: Any) -> Any:
@@ -34,8 +61,8 @@ def _parse(name: str, raw: str, default: Any) -> Any:
 
 
 def parse_env_overrides(defaults: Mapping[str, Any], environ: Mapping[str, str]) -> dict:
-    """Return the defaults with every ``AGENTRUNS_<NAME>`` in ``environ`` applied."""
-    result = dict(defaults)
+    """A copy of the defaults (lists not shared) with every ``AGENTRUNS_<NAME>`` applied."""
+    result = copy.deepcopy(dict(defaults))
     for name, default in defaults.items():
         raw = environ.get(f"AGENTRUNS_{name}")
         if raw is not None:
@@ -43,15 +70,25 @@ def parse_env_overrides(defaults: Mapping[str, Any], environ: Mapping[str, str])
     return result
 
 
+def settings_from_env(environ: Mapping[str, str]) -> dict:
+    """A complete ``AGENTRUNS`` setting: ``DEFAULTS`` with the environment's overrides applied.
+
+    Raises ``ImproperlyConfigured`` for a value that does not parse as its default's type.
+    """
+    return parse_env_overrides(DEFAULTS, environ)
+
+
 def get(name: str) -> Any:
-    """One ``AGENTRUNS`` value, read at call time so ``override_settings`` works in tests."""
+    """One ``AGENTRUNS`` value, read at call time so ``override_settings`` works in tests.
+
+    The project's ``AGENTRUNS[name]`` when it has one (the setting may be absent or partial),
+    else the default. Raises ``ImproperlyConfigured`` for a name that has no default.
+    """
     from django.conf import settings
 
-    from config.settings.base import AGENTRUNS_DEFAULTS
-
-    configured = getattr(settings, "AGENTRUNS", {})
+    configured = getattr(settings, "AGENTRUNS", None) or {}
     if name in configured:
         return configured[name]
-    if name in AGENTRUNS_DEFAULTS:
-        return AGENTRUNS_DEFAULTS[name]
+    if name in DEFAULTS:
+        return DEFAULTS[name]
     raise ImproperlyConfigured(f"Unknown AGENTRUNS setting {name!r}")

@@ -172,7 +172,6 @@ class AgentRun(models.Model):
         ]
         permissions = [
             ("decide_agentrun", "Can decide pending agent runs (approve, deny, input, reconcile)"),
-            ("use_playground", "Can use the tool playground"),
         ]
 
     def __str__(self) -> str:
@@ -231,7 +230,7 @@ class McpServer(models.Model):
     Every tool it offers is a ``non_idempotent_write``; ``requires_approval`` is read
     fail-closed through ``approval_required``. Secrets never live here: ``headers_env`` names the
     environment variables that hold them. ``tools_snapshot`` and ``last_synced_at`` are written
-    by ``sync_mcp_tools`` (services in ``agentruns.tools.mcp``).
+    by ``agentruns.services.mcp_sync`` (the ``sync_mcp_tools`` command, the admin action).
     """
 
     name = models.CharField(

@@ -11,6 +11,9 @@ class Note(models.Model):
 
     class Meta:
         ordering = ["id"]
+        # The playground's own permission (staff also need it to open the pages); it lives on
+        # Note because Django ties every permission to a model's content type.
+        permissions = [("use_playground", "Can use the tool playground")]
 
     def __str__(self) -> str:
         return self.title

@@ -1,7 +1,7 @@
 """The playground's pages: run a configuration batch or streamed, watch its trace, decide.
 
 Views parse, call one ``agentruns`` service or selector, and render. Allowed: staff with
-``agentruns.use_playground`` (superusers implicitly); anyone else is sent to the admin login.
+``playground.use_playground`` (superusers implicitly); anyone else is sent to the admin login.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from playground import trace
 from playground.forms import RunForm
 from playground.stream import RunStream
 
-PERMISSION = "agentruns.use_playground"
+PERMISSION = "playground.use_playground"
 HISTORY_LENGTH = 20
 INPUT_PREFIX = "value"  # the input form's field names: value-f0, value-f1, …
 NDJSON = "application/x-ndjson"

@@ -107,31 +107,3 @@ class Provider(Protocol):
         Raises ``ProviderError`` (and nothing else) on failure. Does not mutate its arguments.
         """
         ...
-
-
-def provider_for(configuration: Any, request: dict[str, Any]) -> Provider:
-    """The provider for ``configuration.provider`` (``scripted`` | ``openai``).
-
-    ``scripted`` plays ``request["script"]`` when the request carries a non-empty one, else
-    ``configuration.script``. ``openai`` reads its key from the environment at call time, so
-    building a provider never fails for a missing key; the first ``complete`` does.
-    Raises ``ProviderError`` (``configuration``, not retryable) for an unknown provider name.
-    """
-    name = str(getattr(configuration, "provider", "") or "")
-    model = str(getattr(configuration, "model", "") or "")
-    if name == "scripted":
-        from agentruns.providers.scripted import ScriptedProvider
-
-        script = (request or {}).get("script")
-        if script is None or script == []:
-            script = getattr(configuration, "script", None)
-        return ScriptedProvider(script=script if script is not None else [], model=model)
-    if name == "openai":
-        from agentruns.providers.openai_compat import OpenAIProvider
-
-        return OpenAIProvider.from_configuration(configuration)
-    raise ProviderError(
-        f"Unknown provider {name!r} (expected 'scripted' or 'openai').",
-        kind=ErrorKind.CONFIGURATION,
-        retryable=False,
-    )

@@ -7,8 +7,8 @@ Every remote tool is a ``non_idempotent_write`` whatever the server says about i
 waits for approval is the server row's ``approval_required`` (fail closed).
 
 It must never stamp, check or clear a lease or a fence: the runtime's before-tool hook does that
-before ``Tool.func`` is called. The only rows written here are ``McpServer`` discovery columns
-(``mcp_server_sync_tools``).
+before ``Tool.func`` is called. It writes no rows: ``agentruns.services.mcp_sync`` stores what
+discovery (``list_remote_tools``, ``build_snapshot``) finds.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from collections.abc import AsyncIterator, Callable, Collection, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
-
-from django.db.models.functions import Now
 
 from agentruns import conf
 from agentruns.models import Effect, McpServer, McpTransport
@@ -291,25 +289,6 @@ def build_snapshot(server_name: str, remote_tools: list[Any]) -> list[dict[str, 
     return snapshot
 
 
-def mcp_server_sync_tools(*, server: McpServer) -> list[dict[str, Any]]:
-    """List the server's tools and store them (``tools_snapshot``, ``last_synced_at``).
-
-    On failure the error is stored in ``last_sync_error`` (the snapshot is kept) and the
-    ``McpError`` is raised. Returns the new snapshot.
-    """
-    try:
-        snapshot = build_snapshot(server.name, list_remote_tools(server))
-    except McpError as exc:
-        McpServer.objects.filter(pk=server.pk).update(last_sync_error=str(exc), updated_at=Now())
-        server.refresh_from_db(fields=["last_sync_error", "updated_at"])
-        raise
-    McpServer.objects.filter(pk=server.pk).update(
-        tools_snapshot=snapshot, last_synced_at=Now(), last_sync_error="", updated_at=Now()
-    )
-    server.refresh_from_db(fields=["tools_snapshot", "last_synced_at", "last_sync_error"])
-    return snapshot
-
-
 # --- Calling ---------------------------------------------------------------------------------
 
 
@@ -455,11 +434,3 @@ def list_tools() -> list[Tool]:
 def install() -> None:
     """Add the resolver to the tool registry (idempotent; ``AgentrunsConfig.ready`` calls it)."""
     registry.add_resolver(resolve, list_tools=list_tools)
-
-
-def servers_to_sync(*, name: str | None = None) -> list[McpServer]:
-    """The servers ``sync_mcp_tools`` visits: the named one (enabled or not), else every
-    enabled server."""
-    if name:
-        return list(McpServer.objects.filter(name=name))
-    return list(McpServer.objects.filter(enabled=True))

@@ -10,6 +10,8 @@ from typing import Any
 
 import dj_database_url
 
+from agentruns import conf as agentruns_conf
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
 
@@ -33,6 +35,8 @@ ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
+    # Before the admin: its admin/index.html (the inbox link) overrides the admin's own.
+    "approvals",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -45,7 +49,6 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI and Redoc served from our static files (no CDN)
     "django_q",
     "agentruns",
-    "approvals",
     "playground",
 ]
 
@@ -125,37 +128,10 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 LOGIN_URL = "admin:login"
 
 # --- Leasehold -----------------------------------------------------------------------------
-# Every key can be overridden by the environment variable AGENTRUNS_<KEY> (see agentruns.conf
-# for the parsing: integers, floats, booleans and comma-separated lists).
-AGENTRUNS_DEFAULTS = {
-    # Seconds a segment's lease lasts; renewed at every step boundary and every third of it.
-    "LEASE_SECONDS": 60,
-    # Retries a run may use (failure retries and stale reclaims share the budget).
-    "MAX_REQUEUES": 3,
-    # Hard upper bound on a configuration's max_iterations.
-    "MAX_ITERATIONS": 20,
-    # Timeout of one tool call; keep it below what the heartbeat ticker can cover.
-    "TOOL_TIMEOUT_SECONDS": 30,
-    # Queued runs nobody claimed for this long get a fresh task from the reaper.
-    "REDISPATCH_SECONDS": 120,
-    # First retry delay; doubled on every retry (exponential backoff).
-    "RETRY_BACKOFF_SECONDS": 2,
-    # Hosts (or host:port) call_webhook may POST to. Anything else is refused unsent.
-    "WEBHOOK_ALLOWLIST": [],
-    # Whether MCP servers may be started as local processes (stdio transport).
-    "MCP_STDIO_ALLOWED": False,
-    # How often (minutes) django-q2 runs the stale-run reaper.
-    "REAPER_INTERVAL_MINUTES": 1,
-}
-
-
-def _agentruns_from_env() -> dict:
-    from agentruns.conf import parse_env_overrides
-
-    return parse_env_overrides(AGENTRUNS_DEFAULTS, os.environ)
-
-
-AGENTRUNS = _agentruns_from_env()
+# The defaults, each with what it means, live in agentruns.conf.DEFAULTS. Every key can be
+# overridden by the environment variable AGENTRUNS_<KEY> (see agentruns.conf for the parsing:
+# integers, floats, booleans and comma-separated lists).
+AGENTRUNS = agentruns_conf.settings_from_env(os.environ)
 
 # --- django-q2 -------------------------------------------------------------------------------
 # The ORM broker is the default: a task row is written on the caller's own connection, so it

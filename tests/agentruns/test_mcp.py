@@ -34,13 +34,12 @@ from agentruns.models import (
     Status,
 )
 from agentruns.services import runs
+from agentruns.services.mcp_sync import McpSyncResult, mcp_server_sync
 from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.tool_step import execute_tool_call
 from agentruns.tools import registry
 from agentruns.tools.mcp import (
-    McpError,
     build_snapshot,
-    mcp_server_sync_tools,
     registered_name,
     server_name_of,
 )
@@ -57,7 +56,7 @@ def make_server(url: str, **fields: Any) -> McpServer:
 
 def synced(server: TicketServer, **fields: Any) -> McpServer:
     row = make_server(server.url, **fields)
-    mcp_server_sync_tools(server=row)
+    mcp_server_sync(server=row)
     return row
 
 
@@ -195,8 +194,9 @@ def test_sync_of_an_unreachable_server_records_the_error() -> None:
         call_command("sync_mcp_tools")
     row.refresh_from_db()
     assert row.last_synced_at is None and "listing tools failed" in row.last_sync_error
-    with pytest.raises(McpError):
-        mcp_server_sync_tools(server=row)
+    result = mcp_server_sync(server=row)  # a failure is recorded and returned, not raised
+    assert not result.ok and result.snapshot == []
+    assert "listing tools failed" in result.error and row.last_sync_error == result.error
 
 
 def test_a_tool_whose_schema_the_registry_refuses_is_kept_but_not_registered() -> None:
@@ -209,6 +209,37 @@ def test_a_tool_whose_schema_the_registry_refuses_is_kept_but_not_registered() -
 
     [entry] = build_snapshot("tix", [Remote()])
     assert entry["problem"] and entry["registered_name"] == "mcp__tix__weird"
+
+
+def test_a_sync_result_names_the_usable_tools_and_the_skipped_ones() -> None:
+    class Weird:
+        name = "weird"
+        title = None
+        description = "d"
+        input_schema = {"type": "array"}
+        annotations = None
+
+    class Fine(Weird):
+        name = "fine"
+        input_schema = {"type": "object", "properties": {}}
+
+    result = McpSyncResult(server_name="tix", snapshot=build_snapshot("tix", [Fine(), Weird()]))
+    assert result.ok and result.usable == ["mcp__tix__fine"]
+    [(name, problem)] = result.skipped
+    assert name == "weird" and problem
+
+
+@pytest.mark.django_db
+def test_a_refused_sync_is_recorded_and_starts_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    row = McpServer.objects.create(
+        name="local", transport=McpTransport.STDIO, command=f"touch {marker}"
+    )
+    result = mcp_server_sync(server=row)  # stdio is off (AGENTRUNS["MCP_STDIO_ALLOWED"])
+    assert not result.ok and "stdio" in result.error
+    row.refresh_from_db()
+    assert row.last_sync_error == result.error and row.last_synced_at is None
+    assert not marker.exists()
 
 
 # --- Approval and the first pass -------------------------------------------------------------

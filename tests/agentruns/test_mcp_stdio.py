@@ -16,9 +16,9 @@ from django.test import override_settings
 
 from agentruns.models import AgentRunEvent, Effect, EventKind, McpServer, McpTransport, Status
 from agentruns.services import runs
+from agentruns.services.mcp_sync import mcp_server_sync
 from agentruns.services.runtime.results import Outcome
 from agentruns.tools import registry
-from agentruns.tools.mcp import mcp_server_sync_tools
 from tests.agentruns.factories import AgentConfigurationFactory
 from tests.support.mcp_stdio_server import read_calls, stdio_command
 
@@ -44,7 +44,9 @@ def test_sync_discovers_the_tools_of_a_stdio_server(tmp_path: Path) -> None:
     call_log = tmp_path / "calls.jsonl"
     row = stdio_server(call_log, requires_approval=False)
 
-    snapshot = mcp_server_sync_tools(server=row)
+    result = mcp_server_sync(server=row)
+    assert result.ok and result.server_name == SERVER
+    snapshot = result.snapshot
     row.refresh_from_db()
     assert row.last_synced_at is not None and row.last_sync_error == ""
     assert row.tools_snapshot == snapshot
@@ -80,7 +82,7 @@ def test_a_stdio_remote_write_runs_on_the_first_pass_fenced_with_its_idempotency
 ) -> None:
     call_log = tmp_path / "calls.jsonl"
     row = stdio_server(call_log, requires_approval=False)
-    mcp_server_sync_tools(server=row)
+    mcp_server_sync(server=row)
     config = AgentConfigurationFactory(
         script=[
             {"tool_calls": [{"name": TICKET, "arguments": {"title": "printer on fire"}}]},

@@ -8,13 +8,13 @@ import time
 import pytest
 
 from agentruns.models import AgentConfiguration
+from agentruns.providers import provider_for
 from agentruns.providers.base import (
     UNPARSED_KEY,
     ErrorKind,
     ProviderError,
     ProviderReply,
     ToolCall,
-    provider_for,
 )
 from agentruns.providers.openai_compat import OpenAIProvider
 from agentruns.providers.scripted import ScriptedProvider

@@ -16,7 +16,7 @@ from tests.agentruns.api_support import digest, in_doubt, waiting_for_approval, 
 from tests.agentruns.factories import UserFactory
 
 DECIDE = "agentruns.decide_agentrun"
-USE = "agentruns.use_playground"
+USE = "playground.use_playground"
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from agentruns.tools.registry import Tool
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 
 DECIDE = "agentruns.decide_agentrun"
-USE = "agentruns.use_playground"
+USE = "playground.use_playground"
 DECLARED = ["z", "a", "m"]
 
 ORDER_TOOL = Tool(

@@ -1,4 +1,4 @@
-"""Fixtures for the playground: developers (staff with ``agentruns.use_playground``)."""
+"""Fixtures for the playground: developers (staff with ``playground.use_playground``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from playground.stream import THREAD_PREFIX
 from tests.agentruns.factories import UserFactory
 
-USE = "agentruns.use_playground"
+USE = "playground.use_playground"
 DECIDE = "agentruns.decide_agentrun"
 
 

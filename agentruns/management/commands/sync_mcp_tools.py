@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agentruns.tools.mcp import McpError, mcp_server_sync_tools, servers_to_sync
+from agentruns.services.mcp_sync import mcp_server_sync, servers_to_sync
 
 
 class Command(BaseCommand):
@@ -24,17 +24,15 @@ class Command(BaseCommand):
             raise CommandError(f"no MCP server named {options['server']!r}")
         failed = 0
         for server in servers:
-            try:
-                snapshot = mcp_server_sync_tools(server=server)
-            except McpError as exc:
+            result = mcp_server_sync(server=server)
+            if not result.ok:
                 failed += 1
-                self.stderr.write(f"{server.name}: FAILED: {exc}")
+                self.stderr.write(f"{result.server_name}: FAILED: {result.error}")
                 continue
-            usable = [e["registered_name"] for e in snapshot if not e["problem"]]
-            self.stdout.write(f"{server.name}: {len(snapshot)} tools ({', '.join(usable)})")
-            for entry in snapshot:
-                if entry["problem"]:
-                    self.stdout.write(f"  skipped {entry['name']!r}: {entry['problem']}")
+            tools = f"{len(result.snapshot)} tools ({', '.join(result.usable)})"
+            self.stdout.write(f"{result.server_name}: {tools}")
+            for name, problem in result.skipped:
+                self.stdout.write(f"  skipped {name!r}: {problem}")
         self.stdout.write(f"synced {len(servers) - failed} of {len(servers)} servers")
         if failed:
             raise CommandError(f"{failed} server(s) could not be synced")

@@ -31,7 +31,7 @@ from agentruns.models import (
     Status,
     TerminationReason,
 )
-from agentruns.providers.base import ProviderError, ProviderReply, provider_for
+from agentruns.providers import ProviderError, ProviderReply, provider_for
 from agentruns.services.runtime.decisions import apply_decision
 from agentruns.services.runtime.failures import provider_error, retry_policy, totals
 from agentruns.services.runtime.results import (

@@ -8,8 +8,15 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Q
 
 from agentruns.models import AgentConfiguration, Provider
+from playground.models import Note
+
+# The staff user "colleague" may decide runs (agentruns) and use the playground (playground).
+COLLEAGUE_PERMISSIONS = Q(content_type__app_label="agentruns", codename="decide_agentrun") | Q(
+    content_type__app_label="playground", codename="use_playground"
+)
 
 DEMO_CONFIGURATIONS: list[dict[str, Any]] = [
     {
@@ -79,14 +86,9 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS("demo data ready"))
 
     def _notes(self) -> None:
-        from django.apps import apps
-
-        if not apps.is_installed("playground"):
-            return
-        note_model = apps.get_model("playground", "Note")
-        if not note_model.objects.exists():
-            note_model.objects.create(title="Welcome", body="Leasehold keeps writes honest.")
-            note_model.objects.create(title="Groceries", body="Milk, bread.")
+        if not Note.objects.exists():
+            Note.objects.create(title="Welcome", body="Leasehold keeps writes honest.")
+            Note.objects.create(title="Groceries", body="Milk, bread.")
 
     def _users(self) -> None:
         user_model = get_user_model()
@@ -97,10 +99,5 @@ class Command(BaseCommand):
             colleague = user_model.objects.create_user(
                 "colleague", "colleague@example.com", "colleague", is_staff=True
             )
-            colleague.user_permissions.add(
-                *Permission.objects.filter(
-                    content_type__app_label="agentruns",
-                    codename__in=["decide_agentrun", "use_playground"],
-                )
-            )
+            colleague.user_permissions.add(*Permission.objects.filter(COLLEAGUE_PERMISSIONS))
             self.stdout.write("created staff user colleague / colleague (may decide, may play)")
