@@ -224,7 +224,7 @@ def submit_input(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
                 mode=DECISION_MODE,
             )
         except InvalidInput as exc:
-            form.add_schema_errors(exc.detail.get("errors") or [])
+            form.add_schema_errors(exc.errors)
         except LeaseholdError as exc:
             return _refused(request, exc)
         else:

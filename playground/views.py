@@ -305,7 +305,7 @@ def submit_input(request: HttpRequest, uuid: str) -> HttpResponse:
         try:
             _submit_input(request, uuid, form.values())()
         except InvalidInput as exc:
-            form.add_schema_errors(exc.detail.get("errors") or [])
+            form.add_schema_errors(exc.errors)
         except LeaseholdError as exc:
             messages.error(request, exc.message)
             return redirect("playground:run", uuid)
@@ -325,7 +325,7 @@ def submit_input_stream(request: HttpRequest, uuid: str) -> HttpResponse:
         return _stream_refused(exc)
     if form is not None and not form.is_valid():
         return _stream_refused(
-            InvalidInput(errors=form.error_sentences()),
+            InvalidInput(errors=form.problems()),
             html=_outcome_html(request, run, input_form=form),
         )
     return _stream(request, _submit_input(request, uuid, form.values() if form else {}))

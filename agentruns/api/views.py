@@ -24,6 +24,7 @@ from agentruns import selectors
 from agentruns.api import serializers as s
 from agentruns.services import runs
 from agentruns.services.runtime import Outcome, SegmentResult
+from agentruns.tools.schemas import MAX_REPORTED_ERRORS
 
 UUID_PARAMETER = OpenApiParameter("uuid", OpenApiTypes.UUID, OpenApiParameter.PATH)
 
@@ -159,9 +160,11 @@ class RunInputView(LeaseholdAPIView):
         operation_id="runs_input",
         parameters=[UUID_PARAMETER],
         request=s.InputSerializer,
-        responses={**_DECISION_RESPONSES, 422: OpenApiResponse(s.ErrorSerializer)},
+        responses={**_DECISION_RESPONSES, 422: OpenApiResponse(s.InvalidInputSerializer)},
         description="Supply the values a tool asked a human for; 422 when they do not match "
-        "the pending input schema (nothing changes).",
+        "the pending input schema (nothing changes), with errors: [{path, message}] sorted by "
+        f"path, at most {MAX_REPORTED_ERRORS} and then one entry at path [] saying how many "
+        "more were found.",
     )
     def post(self, request: Request, uuid: str) -> Response:
         data = _parse(s.InputSerializer, request.data)

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-import jsonschema
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import ValidationError
 
@@ -39,6 +38,7 @@ from agentruns.models import (
 from agentruns.services import dispatch
 from agentruns.services.runtime import EventObserver, Outcome, SegmentResult, continue_segment
 from agentruns.tools import registry
+from agentruns.tools.schemas import SchemaError, input_errors
 
 logger = logging.getLogger(__name__)
 
@@ -280,16 +280,10 @@ def _pending(run_uuid: UUID | str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def validate_values(schema: dict[str, Any], values: Any) -> list[str]:
-    """Validate human-supplied values against an input schema; the messages, empty if valid."""
-    if not isinstance(values, dict):
-        return ["values must be an object"]
-    validator_cls = jsonschema.validators.validator_for(schema)
-    validator = validator_cls(schema)
-    return [
-        (f"{'.'.join(str(p) for p in error.path)}: " if error.path else "") + error.message
-        for error in sorted(validator.iter_errors(values), key=lambda e: list(e.path))
-    ]
+def validate_values(schema: dict[str, Any], values: Any) -> list[SchemaError]:
+    """Validate human-supplied values against an input schema (``input_errors``: structured,
+    sorted, capped); empty if valid."""
+    return input_errors(schema, values)
 
 
 def run_submit_input(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 
+from agentruns.exceptions import InvalidInput
 from agentruns.models import Effect
 from agentruns.tools.registry import Tool, ToolContext, invoke_tool
 from agentruns.tools.schemas import (
@@ -131,3 +132,14 @@ def test_the_model_reads_the_same_errors_as_one_line():
         "tags/1: 2 is not of type 'string'"
     )
 
+
+def test_invalid_input_carries_typed_errors_and_json_detail():
+    errors = schema_errors(ORDER, {"title": 3})
+    refused = InvalidInput(errors=errors)
+    assert refused.errors == tuple(errors)
+    assert refused.as_dict() == {
+        "code": "invalid_input",
+        "message": "The submitted values do not match the input schema.",
+        "errors": [{"path": ["title"], "message": "3 is not of type 'string'"}],
+    }
+    assert InvalidInput().as_dict()["errors"] == []
