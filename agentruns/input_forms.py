@@ -1,10 +1,11 @@
 """A tool's input schema rendered as a Django form, for anyone who asks a human for input (the
 approvals inbox, the playground).
 
-``input_spec(schema, order=...)`` maps an object schema's properties to form fields (text,
-number/integer, checkbox, enum select) and says in words what it cannot show; ``InputValuesForm``
-parses what was posted into values keyed by schema key. Forms parse; they decide nothing about a
-run (the services do).
+``input_form_for(pending, data, prefix=...)`` is what both use: the spec and form of a pending
+input turn. ``input_spec(schema, order=...)`` maps an object schema's properties to form fields
+(text, number/integer, checkbox, enum select) and says in words what it cannot show;
+``InputValuesForm`` parses what was posted into values keyed by schema key. Forms parse; they
+decide nothing about a run (the services do).
 
 Field order: a stored schema's properties may come back reordered (PostgreSQL's jsonb does not
 keep object key order), so ``order`` — the pending turn's ``field_order``, the keys as the tool
@@ -20,6 +21,7 @@ from typing import Any
 
 from django import forms
 
+from agentruns.pending import INPUT, PendingTurn
 from agentruns.tools.schemas import SchemaError
 
 SUPPORTED_TYPES = ("string", "integer", "number", "boolean")
@@ -183,3 +185,17 @@ class InputValuesForm(forms.Form):
     @property
     def has_problems(self) -> bool:
         return bool(self.errors) or bool(self.schema_errors)
+
+
+def input_form_for(
+    pending: PendingTurn, data: Any | None = None, *, prefix: str
+) -> tuple[InputSpec, InputValuesForm | None]:
+    """The spec of a pending input turn's schema, in the order the tool declared its fields, and
+    its form (field names ``<prefix>-f0``…), bound to ``data`` when given. No form when the spec
+    cannot be offered (``spec.blocking`` says why). ``ValueError`` for a turn of another kind:
+    the caller reads the turn and decides what to show for those."""
+    if pending.kind != INPUT:
+        raise ValueError(f"not an input turn: {pending.kind}")
+    spec = input_spec(pending.input_schema or {}, order=pending.field_order)
+    form = InputValuesForm(data, spec=spec, prefix=prefix) if spec.usable else None
+    return spec, form

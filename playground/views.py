@@ -20,7 +20,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from agentruns import selectors
 from agentruns.exceptions import InvalidInput, InvalidRequest, LeaseholdError, RunNotFound
-from agentruns.input_forms import InputSpec, InputValuesForm, input_spec
+from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun
 from agentruns.pending import INPUT, read_pending_turn
@@ -56,8 +56,7 @@ def _input_form(
     pending = read_pending_turn(run)
     if pending.kind != INPUT:
         return None, None, pending.problem
-    spec = input_spec(pending.input_schema or {}, order=pending.field_order)
-    form = InputValuesForm(data, spec=spec, prefix=INPUT_PREFIX) if spec.usable else None
+    spec, form = input_form_for(pending, data, prefix=INPUT_PREFIX)
     return spec, form, ""
 
 

@@ -4,10 +4,12 @@ fields by their path."""
 
 from __future__ import annotations
 
+import pytest
+
 from agentruns.digests import turn_digest
-from agentruns.input_forms import InputValuesForm, input_spec
+from agentruns.input_forms import InputValuesForm, input_form_for, input_spec
 from agentruns.models import AgentRun, Status
-from agentruns.pending import read_pending_turn
+from agentruns.pending import APPROVAL, INPUT, PendingTurn, read_pending_turn
 from agentruns.tools.schemas import SchemaError
 
 SCHEMA = {
@@ -53,6 +55,33 @@ def test_the_pending_turn_reads_its_field_order_outside_the_digest():
     ):
         run = AgentRun(status=Status.WAITING_FOR_INPUT, pending_turn=odd)
         assert read_pending_turn(run).field_order == ()
+
+
+# --- One builder for the inbox and the playground -----------------------------------------------
+
+
+def test_the_form_for_a_pending_turn_follows_its_field_order_and_prefix():
+    pending = PendingTurn(kind=INPUT, input_schema=SCHEMA, field_order=("z", "a", "m"))
+    spec, form = input_form_for(pending, prefix="run7")
+    assert keys(spec) == ["z", "a", "m"] and form is not None and not form.is_bound
+    _, bound = input_form_for(pending, {"run7-f0": "last", "run7-f1": "first"}, prefix="run7")
+    assert bound is not None and bound.is_valid(), bound.errors
+    assert bound.values() == {"z": "last", "a": "first"}
+
+
+def test_no_form_when_the_spec_cannot_be_offered():
+    required_list = {
+        "type": "object",
+        "properties": {"items": {"type": "array"}},
+        "required": ["items"],
+    }
+    spec, form = input_form_for(PendingTurn(kind=INPUT, input_schema=required_list), prefix="p")
+    assert form is None and spec.blocking
+
+
+def test_only_an_input_turn_has_an_input_form():
+    with pytest.raises(ValueError):
+        input_form_for(PendingTurn(kind=APPROVAL), prefix="p")
 
 
 # --- Schema errors from the service, attached by path ---------------------------------------
