@@ -15,11 +15,12 @@ import functools
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from enum import Enum
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Max, Q, Value
+from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -50,7 +51,7 @@ def _state_write(func: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def lease_deadline() -> ExpressionWrapper:
+def lease_deadline() -> ExpressionWrapper[CombinedExpression]:
     """``Now() + LEASE_SECONDS`` on the database clock."""
     return ExpressionWrapper(
         Now() + Value(timedelta(seconds=conf.get("LEASE_SECONDS"))),
@@ -109,7 +110,7 @@ _EVENT_COLUMNS = (
     "created_at",
 )
 _SEGMENT_GUARD = ("id", "status", "claimed_by", "lease_epoch")
-_DURATION = DurationField()
+_DURATION: DurationField[timedelta, timedelta] = DurationField()
 _EVENT_BATCH = 100  # rows per INSERT, far below any backend's parameter limit
 _sql_cache: dict[tuple[Any, ...], str] = {}
 
@@ -119,7 +120,7 @@ def _execute(db: BaseDatabaseWrapper, sql: str, params: list[Any]) -> int:
     ``atomic`` block for rollback."""
     with transaction.mark_for_rollback_on_error(db.alias), db.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.rowcount
+        return cast(int, cursor.rowcount)
 
 
 def _insert_sql(db: BaseDatabaseWrapper, rows: int) -> str:

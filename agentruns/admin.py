@@ -36,7 +36,7 @@ class AgentRunEventInline(admin.TabularInline):
     extra = 0
     can_delete = False
     fields = ["sequence", "kind", "segment", "lease_epoch", "duration_ms", "actor", "created_at"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # flat names, no groups
     ordering = ["sequence"]
     show_change_link = True
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from django import forms
 
-from agentruns.pending import INPUT, PendingTurn
 from agentruns.tools.schemas import SchemaError
+from agentruns.turns import INPUT, PendingTurn
 
 SUPPORTED_TYPES = ("string", "integer", "number", "boolean")
 
@@ -79,7 +79,9 @@ def _field_for(key: str, prop: dict[str, Any], *, required: bool) -> forms.Field
         )
     if kind == "integer":
         return forms.IntegerField(
-            min_value=_number(prop.get("minimum")), max_value=_number(prop.get("maximum")), **common
+            min_value=_number(prop.get("minimum")),  # type: ignore[arg-type]  # a float works
+            max_value=_number(prop.get("maximum")),  # type: ignore[arg-type]
+            **common,
         )
     if kind == "number":
         return forms.FloatField(
@@ -104,7 +106,7 @@ def input_spec(schema: dict[str, Any], order: Iterable[str] | None = None) -> In
     properties = schema.get("properties")
     if schema.get("type", "object") != "object" or not isinstance(properties, dict):
         return InputSpec({}, {}, blocking=("The input schema is not an object with named fields.",))
-    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    required: list[Any] = schema["required"] if isinstance(schema.get("required"), list) else []
     fields: dict[str, forms.Field] = {}
     keys: dict[str, str] = {}
     blocking: list[str] = []
@@ -155,7 +157,7 @@ class InputValuesForm(forms.Form):
         ``InvalidInput.errors``). An error whose path starts at a field's schema key is shown on
         that field (with the rest of its path, if any); others on the form. None at all still
         marks the form as refused."""
-        names = {key: name for name, key in self.spec.keys.items()}
+        names: dict[str | int, str] = {key: name for name, key in self.spec.keys.items()}
         for error in errors or [SchemaError((), "The values do not match the schema.")]:
             name = names.get(error.path[0]) if error.path else None
             if name is None:

@@ -45,7 +45,13 @@ from agentruns._writer import (
     _state_write,
     lease_deadline,
 )
-from agentruns.exceptions import AlreadyDecided, NotWaiting, RunNotFound, StaleTurn
+from agentruns.exceptions import (
+    AlreadyDecided,
+    NotWaiting,
+    RunNotFound,
+    StaleTurn,
+    UnreadableState,
+)
 from agentruns.leases import Decided, EventSpec, Lease
 from agentruns.models import (
     TERMINAL_STATUSES,
@@ -55,6 +61,14 @@ from agentruns.models import (
     EventKind,
     Status,
     TerminationReason,
+)
+from agentruns.turns import (
+    Decision,
+    PendingTurn,
+    decided_digests,
+    read_pending_turn,
+    stored_digest,
+    with_decision,
 )
 
 NON_TERMINAL = [s for s in Status.values if s not in TERMINAL_STATUSES]
@@ -201,7 +215,7 @@ def run_suspend(
     lease: Lease,
     *,
     status: str,
-    pending_turn: Mapping[str, Any],
+    pending_turn: PendingTurn,
     loop_state: Mapping[str, Any],
     events: Iterable[EventSpec] = (),
 ) -> bool:
@@ -216,7 +230,7 @@ def run_suspend(
         lease,
         {
             "status": status,
-            "pending_turn": dict(pending_turn),
+            "pending_turn": pending_turn.to_json(),
             "claimed_by": "",
             "lease_expires": None,
         },
@@ -291,12 +305,15 @@ def _show_written(run: AgentRun, values: Mapping[str, Any]) -> None:
 
 
 def _check_turn(run: AgentRun, *, expected_status: str, turn_digest: str | None) -> None:
-    """Refuse unless the run waits in ``expected_status`` on exactly the turn ``turn_digest``."""
-    pending = run.pending_turn if isinstance(run.pending_turn, dict) else {}
-    if run.status == expected_status and turn_digest and pending.get("turn_digest") == turn_digest:
+    """Refuse unless the run waits in ``expected_status`` on exactly the turn ``turn_digest`` and
+    that turn reads as ``turns.read_pending_turn`` shows it (``UnreadableState`` otherwise)."""
+    current = stored_digest(run.pending_turn)
+    if run.status == expected_status and turn_digest and current == turn_digest:
+        pending = read_pending_turn(run)
+        if not pending.readable:  # fail closed: never decide what nobody could be shown
+            raise UnreadableState(f"its pending turn cannot be read: {pending.problem}")
         return
-    state = run.loop_state if isinstance(run.loop_state, dict) else {}
-    if turn_digest and turn_digest in state.get("decided_digests", []):
+    if turn_digest and turn_digest in decided_digests(run.loop_state):
         raise AlreadyDecided()
     if run.status != expected_status:
         raise NotWaiting(status=run.status)
@@ -309,7 +326,7 @@ def run_decide(
     run_uuid: UUID | str,
     expected_status: str,
     turn_digest: str | None,
-    decision: Mapping[str, Any],
+    decision: Decision,
     event: EventSpec | Callable[[AgentRun], EventSpec],
     identity: str | None,
     check: Callable[[AgentRun], None] | None = None,
@@ -319,10 +336,10 @@ def run_decide(
     Guard (under the row lock): ``status == expected_status`` and the pending turn's digest equals
     ``turn_digest``; then ``check(run)`` (e.g. four-eyes) may refuse. With ``identity`` the run
     continues inline: ``running``, claimed by ``identity`` (a ``resume:`` segment), epoch + 1.
-    Without, it is ``queued`` for a worker. ``decision`` is stored as ``loop_state["decision"]``
-    and ``event`` is appended in the same transaction: audited if and only if it took effect.
-    ``event`` may be a function of the locked run (to name what was decided, e.g. the pending
-    calls, from the row the guard checked).
+    Without, it is ``queued`` for a worker. ``decision`` is recorded in the loop state
+    (``turns.with_decision``) and ``event`` is appended in the same transaction: audited if and
+    only if it took effect. ``event`` may be a function of the locked run (to name what was
+    decided, e.g. the pending calls, from the row the guard checked).
 
     The returned run is not read back: it shows the values written, and the columns the
     database computed (``lease_expires``, ``updated_at``) are deferred — loaded on first access.
@@ -335,9 +352,7 @@ def run_decide(
         _check_turn(run, expected_status=expected_status, turn_digest=turn_digest)
         if check is not None:
             check(run)
-        state = dict(run.loop_state) if isinstance(run.loop_state, dict) else {}
-        state["decision"] = dict(decision)
-        state["decided_digests"] = [*state.get("decided_digests", []), turn_digest][-50:]
+        state = with_decision(run.loop_state, decision=decision, turn_digest=turn_digest)
         values: dict[str, Any] = {
             "loop_state": state,
             "pending_turn": None,
@@ -388,8 +403,7 @@ def run_reconcile_abandon(
         _check_turn(run, expected_status=Status.WAITING_FOR_RECONCILIATION, turn_digest=turn_digest)
         if check is not None:
             check(run)
-        state = dict(run.loop_state) if isinstance(run.loop_state, dict) else {}
-        state["decided_digests"] = [*state.get("decided_digests", []), turn_digest][-50:]
+        state = with_decision(run.loop_state, decision=None, turn_digest=turn_digest)
         if not _guarded_write(
             run.pk,
             Q(status=Status.WAITING_FOR_RECONCILIATION),
@@ -445,7 +459,7 @@ def run_reclaim_stale(*, run_id: int, segment: str, event: EventSpec) -> bool:
 
 @_state_write
 def run_mark_in_doubt(
-    *, run_id: int, pending_turn: Mapping[str, Any], segment: str, event: EventSpec
+    *, run_id: int, pending_turn: PendingTurn, segment: str, event: EventSpec
 ) -> bool:
     """Park a stale run caught mid non-idempotent write in ``waiting_for_reconciliation``.
 
@@ -459,7 +473,7 @@ def run_mark_in_doubt(
             "status": Status.WAITING_FOR_RECONCILIATION,
             "claimed_by": "",
             "lease_expires": None,
-            "pending_turn": dict(pending_turn),
+            "pending_turn": pending_turn.to_json(),
         },
         [event],
         segment=segment,

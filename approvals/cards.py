@@ -1,4 +1,4 @@
-"""A card: one waiting run as the inbox shows it — its pending turn read by ``agentruns.pending``
+"""A card: one waiting run as the inbox shows it — its pending turn read by ``agentruns.turns``
 and, for input, the form generated from the schema. Presentation only; no queries."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.models import AgentRun
-from agentruns.pending import INPUT, PendingTurn, read_pending_turn, waits_for_a_human
+from agentruns.turns import INPUT, PendingTurn, read_pending_turn, waits_for_a_human
 
 
 @dataclass

@@ -18,7 +18,7 @@ from agentruns.exceptions import (
     UnreadableState,
 )
 from agentruns.models import Status
-from agentruns.services.runtime import Outcome, SegmentResult
+from agentruns.services.runtime.segment import Outcome, SegmentResult
 
 # Refusals: nothing changed in any of these cases.
 REFUSALS: dict[type[LeaseholdError], str] = {
@@ -38,7 +38,7 @@ REFUSALS: dict[type[LeaseholdError], str] = {
 def refusal_message(exc: LeaseholdError) -> str:
     """The sentence shown for a refused decision."""
     for kind in type(exc).__mro__:
-        template = REFUSALS.get(kind)  # type: ignore[call-overload]
+        template = REFUSALS.get(kind)
         if template is not None:
             break
     else:

@@ -31,8 +31,8 @@ from agentruns.exceptions import (
 )
 from agentruns.input_forms import input_form_for
 from agentruns.models import AgentRun
-from agentruns.pending import INPUT, UNREADABLE
 from agentruns.services import runs
+from agentruns.turns import INPUT, UNREADABLE
 from approvals import feedback
 from approvals.cards import Card, card_for
 from approvals.forms import DecisionForm, InputMetaForm, ReconciliationForm

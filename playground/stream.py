@@ -28,7 +28,7 @@ from django.db import connections
 from agentruns.exceptions import LeaseholdError
 from agentruns.leases import EventSpec, Lease
 from agentruns.services import runs
-from agentruns.services.runtime import EventObserver, SegmentResult
+from agentruns.services.runtime.segment import EventObserver, SegmentResult
 
 logger = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from agentruns.exceptions import InvalidInput, InvalidRequest, LeaseholdError, R
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun
-from agentruns.pending import INPUT, read_pending_turn
 from agentruns.services import runs
-from agentruns.services.runtime import SegmentResult
+from agentruns.services.runtime.segment import SegmentResult
+from agentruns.turns import APPROVAL, INPUT, read_pending_turn, waits_for_a_human
 from playground import trace
 from playground.forms import RunForm
 from playground.stream import RunStream
@@ -61,16 +61,22 @@ def _input_form(
 
 
 def _pending_context(run: AgentRun, input_form: InputValuesForm | None = None) -> dict[str, Any]:
-    turn = run.pending_turn if isinstance(run.pending_turn, dict) else {}
-    context: dict[str, Any] = {"run": run, "turn": turn, "timeline_url": trace.timeline_url(run)}
-    if turn.get("kind") == "approval":
+    """The run and, when it waits, its pending turn as ``agentruns.turns`` reads it (an
+    unreadable turn is shown as such, without controls, as in the inbox and the API)."""
+    context: dict[str, Any] = {"run": run, "timeline_url": trace.timeline_url(run)}
+    if not waits_for_a_human(run):
+        return context
+    turn = read_pending_turn(run)
+    context["turn"] = turn
+    if turn.kind == APPROVAL:
         context["calls"] = [
-            {**call, "args": trace.pretty(call.get("arguments", {}))}
-            for call in turn.get("calls") or []
+            {"id": c.id, "name": c.name, "effect": c.effect, "args": trace.pretty(c.arguments)}
+            for c in turn.calls
         ]
-    elif turn.get("kind") == "input":
-        call = turn.get("call") or {}
-        context["input_call"] = {**call, "args": trace.pretty(call.get("arguments", {}))}
+    elif turn.kind == INPUT and turn.call is not None:
+        context["input_call"] = {"name": turn.call.name, "args": trace.pretty(turn.call.arguments)}
+        spec: InputSpec | None
+        form: InputValuesForm | None
         if input_form is not None:  # a posted form, re-shown with its errors
             spec, form, problem = input_form.spec, input_form, ""
         else:
@@ -174,7 +180,7 @@ def run_batch(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 @playground_required
-def run_stream(request: HttpRequest) -> HttpResponse:
+def run_stream(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     """The same run, streamed: NDJSON ``step`` lines as they are recorded, then one terminal."""
     form = RunForm(request.POST)
     if not form.is_valid():
@@ -266,7 +272,7 @@ def _batch_continue(
 
 def _stream_continue(
     request: HttpRequest, uuid: str, build: Callable[[HttpRequest, str], Callable[..., Any]]
-) -> HttpResponse:
+) -> HttpResponse | StreamingHttpResponse:
     try:
         start = build(request, uuid)
     except LeaseholdError as exc:
@@ -283,7 +289,7 @@ def decide(request: HttpRequest, uuid: str) -> HttpResponse:
 
 @require_POST
 @playground_required
-def decide_stream(request: HttpRequest, uuid: str) -> HttpResponse:
+def decide_stream(request: HttpRequest, uuid: str) -> HttpResponse | StreamingHttpResponse:
     """Approve or deny, and stream the inline continuation."""
     return _stream_continue(request, uuid, _decide_start)
 
@@ -315,7 +321,7 @@ def submit_input(request: HttpRequest, uuid: str) -> HttpResponse:
 
 @require_POST
 @playground_required
-def submit_input_stream(request: HttpRequest, uuid: str) -> HttpResponse:
+def submit_input_stream(request: HttpRequest, uuid: str) -> HttpResponse | StreamingHttpResponse:
     """Supply the values and stream the continuation; values the form refuses are an error line
     carrying the form again with its errors."""
     try:

@@ -7,8 +7,9 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from agentruns.models import WAITING_STATUSES, AgentRun, AgentRunEvent, Status
+from agentruns.models import AgentRun, AgentRunEvent, Status
 from agentruns.services import runs
+from agentruns.turns import INPUT, RECONCILIATION, read_pending_turn, waits_for_a_human
 
 MODE_CHOICES = [("sync", "sync"), ("queued", "queued")]
 DECISION_MODE_CHOICES = [("inline", "inline"), ("queued", "queued")]
@@ -23,7 +24,7 @@ class ErrorSerializer(serializers.Serializer):
 
     code = serializers.CharField()
     message = serializers.CharField()
-    errors = serializers.JSONField(required=False)
+    errors = serializers.JSONField(required=False)  # type: ignore[assignment]  # a declared field, not .errors
 
 
 @extend_schema_field(
@@ -49,7 +50,7 @@ class InvalidInputSerializer(serializers.Serializer):
 
     code = serializers.CharField()
     message = serializers.CharField()
-    errors = SchemaErrorSerializer(many=True)
+    errors = SchemaErrorSerializer(many=True)  # type: ignore[assignment]  # a declared field, not .errors
 
 
 # --- Runs ------------------------------------------------------------------------------------
@@ -81,10 +82,12 @@ class CallSerializer(serializers.Serializer):
 
 class PendingTurnSerializer(serializers.Serializer):
     """What a human decides on. ``calls`` holds the calls of the turn (approval), the call asking
-    for input (input) or the call in flight when its segment died (reconciliation)."""
+    for input (input) or the call in flight when its segment died (reconciliation). A stored turn
+    that cannot be read (malformed, or its digest does not match what it shows) is ``unreadable``
+    with the ``problem``: it has no controls anywhere and can only be cancelled."""
 
-    kind = serializers.ChoiceField(choices=["approval", "input", "reconciliation"])
-    turn_digest = serializers.CharField()
+    kind = serializers.ChoiceField(choices=["approval", "input", "reconciliation", "unreadable"])
+    turn_digest = serializers.CharField(allow_blank=True)
     calls = CallSerializer(many=True)
     input_schema = serializers.JSONField(allow_null=True)
     field_order = serializers.ListField(
@@ -94,44 +97,28 @@ class PendingTurnSerializer(serializers.Serializer):
         "(PostgreSQL's jsonb does not keep the schema's key order).",
     )
     idempotency_key = serializers.CharField(allow_null=True)
-
-
-def _call(call: Any) -> dict[str, Any]:
-    call = call if isinstance(call, dict) else {}
-    return {
-        "id": str(call.get("id") or ""),
-        "name": str(call.get("name") or ""),
-        "arguments": call.get("arguments", {}),
-        "effect": str(call.get("effect") or ""),
-    }
+    problem = serializers.CharField(
+        allow_blank=True, help_text="unreadable: why the stored turn cannot be decided."
+    )
 
 
 def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
-    """The pending turn as clients see it; ``None`` unless the run waits for a human."""
-    if run.status not in WAITING_STATUSES:
+    """The pending turn as clients see it (read by ``agentruns.turns``, exactly as the inbox
+    reads it); ``None`` unless the run waits for a human."""
+    if not waits_for_a_human(run):
         return None
-    turn = run.pending_turn if isinstance(run.pending_turn, dict) else {}
-    if run.status == Status.WAITING_FOR_RECONCILIATION and not turn.get("turn_digest"):
-        turn = runs.reconciliation_turn(run)
-    kind = (
-        turn.get("kind")
-        or {
-            Status.WAITING_FOR_APPROVAL: "approval",
-            Status.WAITING_FOR_INPUT: "input",
-            Status.WAITING_FOR_RECONCILIATION: "reconciliation",
-        }[run.status]
-    )
-    if kind == "approval":
-        calls = [_call(c) for c in turn.get("calls") or []]
-    else:
-        calls = [_call(turn.get("call"))] if turn.get("call") else []
+    pending = read_pending_turn(run)
     return {
-        "kind": kind,
-        "turn_digest": turn.get("turn_digest") or "",
-        "calls": calls,
-        "input_schema": turn.get("input_schema") if kind == "input" else None,
-        "field_order": list(turn.get("field_order") or []) if kind == "input" else None,
-        "idempotency_key": turn.get("idempotency_key") if kind == "reconciliation" else None,
+        "kind": pending.kind,
+        "turn_digest": pending.turn_digest,
+        "calls": [
+            {"id": c.id, "name": c.name, "arguments": c.arguments, "effect": c.effect}
+            for c in pending.calls
+        ],
+        "input_schema": pending.input_schema if pending.kind == INPUT else None,
+        "field_order": list(pending.field_order) if pending.kind == INPUT else None,
+        "idempotency_key": pending.idempotency_key if pending.kind == RECONCILIATION else None,
+        "problem": pending.problem,
     }
 
 

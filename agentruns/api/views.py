@@ -29,7 +29,7 @@ from rest_framework.views import APIView
 from agentruns import selectors
 from agentruns.api import serializers as s
 from agentruns.services import runs
-from agentruns.services.runtime import Outcome, SegmentResult
+from agentruns.services.runtime.segment import Outcome, SegmentResult
 from agentruns.tools.schemas import MAX_REPORTED_ERRORS
 
 UUID_PARAMETER = OpenApiParameter("uuid", OpenApiTypes.UUID, OpenApiParameter.PATH)

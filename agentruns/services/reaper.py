@@ -36,8 +36,8 @@ from agentruns.identity import reaper_identity
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
 from agentruns.services import dispatch
-from agentruns.services.runs import reconciliation_turn
-from agentruns.services.transcript import NotRehydratable, rehydrate
+from agentruns.services.runtime.transcript import NotRehydratable, rehydrate
+from agentruns.turns import PendingTurn
 
 logger = logging.getLogger(__name__)
 
@@ -129,8 +129,8 @@ class ReaperReport:
 def rule_for(run: AgentRun) -> tuple[str, str]:
     """The first rule of RUNS.md §7 that matches ``run`` and a detail for the record."""
     if run.pending_effect == Effect.NON_IDEMPOTENT_WRITE:
-        call = run.pending_call if isinstance(run.pending_call, dict) else {}
-        return Rule.FENCE, f"{call.get('name') or 'unknown call'} in flight"
+        call = PendingTurn.for_reconciliation(run).call
+        return Rule.FENCE, f"{call.name if call and call.name else 'unknown call'} in flight"
     try:
         rehydrate(run)
     except NotRehydratable as exc:
@@ -162,7 +162,10 @@ def _apply(run: AgentRun, rule: str, detail: str, identity: str) -> bool:
     event = _event(run, rule, VERDICT_OF_RULE[rule], detail)
     if rule == Rule.FENCE:
         return transitions.run_mark_in_doubt(
-            run_id=run.pk, pending_turn=reconciliation_turn(run), segment=identity, event=event
+            run_id=run.pk,
+            pending_turn=PendingTurn.for_reconciliation(run),
+            segment=identity,
+            event=event,
         )
     if rule == Rule.RECLAIM:
         return transitions.run_reclaim_stale(run_id=run.pk, segment=identity, event=event)

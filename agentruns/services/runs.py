@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -36,9 +36,23 @@ from agentruns.models import (
     Status,
 )
 from agentruns.services import dispatch
-from agentruns.services.runtime import EventObserver, Outcome, SegmentResult, continue_segment
+from agentruns.services.runtime.segment import (
+    EventObserver,
+    Outcome,
+    SegmentResult,
+    continue_segment,
+)
 from agentruns.tools import registry
 from agentruns.tools.schemas import SchemaError, input_errors
+from agentruns.turns import (
+    INPUT,
+    RECONCILIATION,
+    ApprovalDecision,
+    InputDecision,
+    PendingTurn,
+    ReconciliationDecision,
+    read_pending_turn,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +185,7 @@ def _user_id(user: User | None) -> int | None:
 
 
 def _require_decider(actor: User) -> None:
-    if not getattr(actor, "is_authenticated", False) or not actor.has_perm(DECIDE_PERMISSION):
+    if not getattr(actor, "is_authenticated", False) or not actor.has_perm(DECIDE_PERMISSION):  # type: ignore[union-attr]
         raise NotPermitted("deciding needs the agentruns.decide_agentrun permission")
 
 
@@ -243,8 +257,6 @@ def run_decide(
 
     def approval_event(run: AgentRun) -> EventSpec:
         # Built under the row lock, from the turn the digest was checked against.
-        pending = run.pending_turn if isinstance(run.pending_turn, dict) else {}
-        calls = pending.get("calls") if isinstance(pending.get("calls"), list) else []
         return EventSpec(
             EventKind.APPROVAL,
             {
@@ -252,9 +264,7 @@ def run_decide(
                 "turn_digest": turn_digest,
                 "mode": mode,
                 "decider": actor.get_username(),
-                "calls": [
-                    {"id": c.get("id"), "name": c.get("name")} for c in calls if isinstance(c, dict)
-                ],
+                "calls": [{"id": c.id, "name": c.name} for c in read_pending_turn(run).calls],
             },
             actor_id=actor.pk,
         )
@@ -263,7 +273,7 @@ def run_decide(
         run_uuid=run_uuid,
         expected_status=Status.WAITING_FOR_APPROVAL,
         turn_digest=turn_digest,
-        decision={"kind": "approval", "approved": approved, "decider_id": actor.pk},
+        decision=ApprovalDecision(approved=approved, decider_id=actor.pk),
         event=approval_event,
         identity=identity,
         check=four_eyes,
@@ -271,13 +281,15 @@ def run_decide(
     return _hand_on(decided, observer, on_claim)
 
 
-def _pending(run_uuid: UUID | str) -> dict[str, Any]:
+def _pending(run_uuid: UUID | str) -> PendingTurn:
+    """The run's pending turn as ``turns`` reads it (``unreadable`` when it is not waiting)."""
     try:
-        pending = AgentRun.objects.filter(uuid=run_uuid).values_list("pending_turn", flat=True)
-        value = pending.first()
+        run = AgentRun.objects.filter(uuid=run_uuid).only("uuid", "status", "pending_turn").first()
     except (ValidationError, ValueError):
         raise RunNotFound() from None
-    return value if isinstance(value, dict) else {}
+    if run is None:
+        raise RunNotFound()
+    return read_pending_turn(run)
 
 
 def validate_values(schema: dict[str, Any], values: Any) -> list[SchemaError]:
@@ -304,32 +316,26 @@ def run_submit_input(
     _require_decider(actor)
     identity = _mode_identity(mode)
     pending = _pending(run_uuid)
-    if not pending:
-        _run_id(run_uuid)  # RunNotFound first
-    if pending.get("kind") != "input":
+    if pending.kind != INPUT:
         raise NotWaiting()
-    if not turn_digest or pending.get("turn_digest") != turn_digest:
+    if not turn_digest or pending.turn_digest != turn_digest:
         # Checked again under the lock; refusing here avoids validating against the wrong schema.
         raise StaleTurn()
-    errors = validate_values(pending.get("input_schema") or {}, values)
+    errors = validate_values(pending.input_schema or {}, values)
     if errors:
         raise InvalidInput(errors=errors)
-    call = pending.get("call") or {}
+    call = pending.call
+    assert call is not None  # an input turn has its call
     decided = transitions.run_decide(
         run_uuid=run_uuid,
         expected_status=Status.WAITING_FOR_INPUT,
         turn_digest=turn_digest,
-        decision={
-            "kind": "input",
-            "call_id": call.get("id"),
-            "values": values,
-            "decider_id": actor.pk,
-        },
+        decision=InputDecision(call_id=call.id, values=values, decider_id=actor.pk),
         event=EventSpec(
             EventKind.INPUT,
             {
-                "call_id": call.get("id"),
-                "name": call.get("name"),
+                "call_id": call.id,
+                "name": call.name,
                 "values": values,
                 "turn_digest": turn_digest,
                 "mode": mode,
@@ -340,26 +346,6 @@ def run_submit_input(
         identity=identity,
     )
     return _hand_on(decided, observer, on_claim)
-
-
-def reconciliation_turn(run: AgentRun) -> dict[str, Any]:
-    """The pending turn shown for an in-doubt run: the call in flight and its digest."""
-    from agentruns.digests import turn_digest
-
-    call = dict(run.pending_call or {})
-    call.setdefault("id", "")
-    call.setdefault("name", "")
-    call.setdefault("arguments", {})
-    call.setdefault("effect", run.pending_effect)
-    return {
-        "kind": "reconciliation",
-        "call": call,
-        "idempotency_key": f"{run.uuid}:{call['id']}",
-        "segment": run.claimed_by,
-        "lease_epoch": run.lease_epoch,
-        "lease_expired_at": run.lease_expires.isoformat() if run.lease_expires else None,
-        "turn_digest": turn_digest([call]),
-    }
 
 
 def run_reconcile(
@@ -380,12 +366,13 @@ def run_reconcile(
         )
     identity = _mode_identity(mode)
     pending = _pending(run_uuid)
+    call = pending.call if pending.kind == RECONCILIATION else None
     event = EventSpec(
         EventKind.RECONCILIATION,
         {
             "verdict": verdict,
             "turn_digest": turn_digest,
-            "call": pending.get("call"),
+            "call": call.to_json() if call is not None else None,
             "mode": mode,
             "decider": actor.get_username(),
         },
@@ -400,12 +387,7 @@ def run_reconcile(
         run_uuid=run_uuid,
         expected_status=Status.WAITING_FOR_RECONCILIATION,
         turn_digest=turn_digest,
-        decision={
-            "kind": "reconciliation",
-            "verdict": verdict,
-            "call": pending.get("call"),
-            "decider_id": actor.pk,
-        },
+        decision=ReconciliationDecision(verdict=verdict, call=call, decider_id=actor.pk),
         event=event,
         identity=identity,
     )
@@ -414,7 +396,7 @@ def run_reconcile(
 
 def run_cancel(*, run_uuid: UUID | str, actor: User | None = None, note: str = "") -> bool:
     """Cancel a non-terminal run; ``False`` when it was already terminal."""
-    run_id = _run_id(run_uuid)
+    run_id = cast(int, _run_id(run_uuid))  # not missing_ok: RunNotFound, never None
     return transitions.run_cancel(run_id=run_id, actor_id=_user_id(actor), note=note)
 
 

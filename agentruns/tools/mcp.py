@@ -20,7 +20,7 @@ import os
 import re
 import shlex
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -69,7 +69,7 @@ class McpToolError(McpError):
 # --- Names ---------------------------------------------------------------------------------
 
 
-def registered_name(server_name: str, tool_name: str, *, taken: set[str] | frozenset = ()) -> str:
+def registered_name(server_name: str, tool_name: str, *, taken: Collection[str] = ()) -> str:
     """``mcp__<server>__<tool>``: only letters, digits, ``_`` and ``-``, at most 64 characters.
 
     Unsafe characters become ``_``; a tool part that had to change (sanitised or truncated) or
@@ -103,7 +103,7 @@ def server_name_of(name: str) -> str | None:
 # --- Bridging the async SDK into a synchronous caller ---------------------------------------
 
 
-def _run_sync(make: Callable[[], Awaitable[T]]) -> T:
+def _run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run a coroutine to completion in a fresh event loop, from synchronous code.
 
     The runtime calls tools synchronously (a worker thread or a web request). When the calling

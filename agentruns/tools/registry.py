@@ -19,7 +19,6 @@ from uuid import UUID
 
 from django.core.exceptions import ImproperlyConfigured
 
-from agentruns.digests import canonical_json
 from agentruns.models import WRITE_EFFECTS, Effect
 from agentruns.tools.schemas import (
     InvalidSchema,
@@ -28,6 +27,7 @@ from agentruns.tools.schemas import (
     input_errors,
     schema_errors,
 )
+from agentruns.turns import canonical_json
 
 logger = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema import exceptions as jsonschema_exceptions
+from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
 # At most this many errors are reported for one instance, so a huge instance cannot flood a
@@ -59,7 +60,7 @@ class SchemaError:
         return "/".join(str(part) for part in self.path) + ": " + self.message
 
 
-def _validator_class(schema: Mapping[str, Any]) -> type:
+def _validator_class(schema: Mapping[str, Any]) -> type[Validator]:
     """The validator the schema asks for via ``$schema``; Draft 2020-12 when it says nothing."""
     return validator_for(schema, default=Draft202012Validator)
 
@@ -73,7 +74,7 @@ def check_schema(schema: Any, *, what: str) -> None:
     if not isinstance(schema, Mapping):
         raise InvalidSchema(f"{what} must be a JSON schema object, got {type(schema).__name__}")
     try:
-        _validator_class(schema).check_schema(schema)
+        _validator_class(schema).check_schema(schema)  # type: ignore[arg-type]  # stubs: dict only
     except jsonschema_exceptions.SchemaError as exc:
         raise InvalidSchema(f"{what} is not a valid JSON schema: {exc.message}") from exc
     if schema.get("type") != "object":

@@ -83,7 +83,7 @@ def event_summary(event: Any) -> str:
     if kind == "input":
         return f"Input supplied for {payload.get('name', '?')}"
     if kind == "reconciliation":
-        verdicts = {
+        verdicts: dict[Any, str] = {
             "landed": "the call took effect",
             "not_landed": "the call did not take effect",
             "abandon": "the run was abandoned",

@@ -6,6 +6,7 @@ per-environment modules only change defaults.
 
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
@@ -93,7 +94,7 @@ SQLITE_OPTIONS = {
 }
 
 
-def database_from_env(default_sqlite: Path) -> dict:
+def database_from_env(default_sqlite: Path) -> dj_database_url.DBConfig:
     config = dj_database_url.config(
         default=f"sqlite:///{default_sqlite}",
         conn_max_age=int(os.environ.get("DATABASE_CONN_MAX_AGE", "0")),
@@ -207,7 +208,7 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
-LOGGING = {
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},

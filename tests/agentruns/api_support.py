@@ -6,6 +6,7 @@ from typing import Any
 
 from agentruns.models import AgentConfiguration, AgentRun, Effect, Status
 from agentruns.services import runs
+from agentruns.turns import PendingTurn
 from tests.agentruns.factories import AgentConfigurationFactory
 
 NOTE_CALL = {"name": "create_note", "arguments": {"title": "t", "body": "b"}}
@@ -47,7 +48,9 @@ def in_doubt(user: Any = None) -> AgentRun:
         pending_effect=Effect.NON_IDEMPOTENT_WRITE,
         pending_call={"id": "call_0_0", **NOTE_CALL, "effect": "non_idempotent_write"},
     )
-    AgentRun.objects.filter(pk=run.pk).update(pending_turn=runs.reconciliation_turn(run))
+    AgentRun.objects.filter(pk=run.pk).update(
+        pending_turn=PendingTurn.for_reconciliation(run).to_json()
+    )
     run.refresh_from_db()
     return run
 

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from agentruns.leases import Lease
 from agentruns.models import AgentConfiguration, AgentRun, Effect, Provider, Status
+from agentruns.turns import Call, PendingTurn, turn_digest
 
 HOLDER = "worker:test-host:1"
 
@@ -35,6 +36,31 @@ class UserFactory(factory.django.DjangoModelFactory):
             self.user_permissions.add(
                 Permission.objects.get(content_type__app_label=app_label, codename=code)
             )
+
+
+# The pending turns of the waiting traits, built as the runtime and the reaper build them.
+WAITING_TURN = PendingTurn.for_approval(
+    [
+        Call(
+            id="call_0_0",
+            name="create_note",
+            arguments={"title": "t", "body": "b"},
+            effect=Effect.NON_IDEMPOTENT_WRITE,
+        )
+    ]
+)
+INPUT_TURN = PendingTurn.for_input(
+    Call(id="call_0_0", name="ask_user", arguments={}, effect=Effect.READ), {"type": "object"}
+)
+IN_DOUBT_CALL = Call(
+    id="call_0_0", name="create_note", arguments={"title": "t"}, effect=Effect.NON_IDEMPOTENT_WRITE
+)
+IN_DOUBT_TURN = PendingTurn(
+    kind="reconciliation", turn_digest=turn_digest([IN_DOUBT_CALL]), calls=(IN_DOUBT_CALL,)
+)
+WAITING_DIGEST = WAITING_TURN.turn_digest
+INPUT_DIGEST = INPUT_TURN.turn_digest
+IN_DOUBT_DIGEST = IN_DOUBT_TURN.turn_digest
 
 
 class AgentConfigurationFactory(factory.django.DjangoModelFactory):
@@ -79,40 +105,18 @@ class AgentRunFactory(factory.django.DjangoModelFactory):
         waiting = factory.Trait(
             status=Status.WAITING_FOR_APPROVAL,
             lease_epoch=1,
-            pending_turn=factory.LazyFunction(
-                lambda: {
-                    "kind": "approval",
-                    "calls": [
-                        {
-                            "id": "call_0_0",
-                            "name": "create_note",
-                            "arguments": {"title": "t", "body": "b"},
-                            "effect": "non_idempotent_write",
-                        }
-                    ],
-                    "turn_digest": "d" * 64,
-                }
-            ),
+            pending_turn=factory.LazyFunction(lambda: WAITING_TURN.to_json()),
         )
         waiting_for_input = factory.Trait(
             status=Status.WAITING_FOR_INPUT,
             lease_epoch=1,
-            pending_turn=factory.LazyFunction(
-                lambda: {
-                    "kind": "input",
-                    "calls": [{"id": "call_0_0", "name": "ask_user", "arguments": {}}],
-                    "input_schema": {"type": "object"},
-                    "turn_digest": "i" * 64,
-                }
-            ),
+            pending_turn=factory.LazyFunction(lambda: INPUT_TURN.to_json()),
         )
         in_doubt = factory.Trait(
             status=Status.WAITING_FOR_RECONCILIATION,
             lease_epoch=1,
             fenced=True,
-            pending_turn=factory.LazyFunction(
-                lambda: {"kind": "reconciliation", "turn_digest": "r" * 64}
-            ),
+            pending_turn=factory.LazyFunction(lambda: IN_DOUBT_TURN.to_json()),
         )
         completed = factory.Trait(status=Status.COMPLETED, termination_reason="completed")
         failed = factory.Trait(status=Status.FAILED, termination_reason="provider_failed")

@@ -17,7 +17,7 @@ from django.db import connection
 from agentruns.models import AgentConfiguration, AgentRun, AgentRunEvent, Effect
 from agentruns.providers.scripted import ScriptedProvider
 from agentruns.services.runs import run_decide
-from agentruns.services.runtime import SegmentResult
+from agentruns.services.runtime.segment import SegmentResult
 from agentruns.tools import Tool, ToolContext, registry
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 

@@ -17,7 +17,7 @@ from agentruns import transitions
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, EventKind, Status
 from agentruns.services.runs import run_start_sync
-from agentruns.services.runtime import Outcome, continue_segment
+from agentruns.services.runtime.segment import Outcome, continue_segment
 from tests.agentruns.runtime_support import (
     assert_contiguous,
     assert_released,
@@ -162,7 +162,8 @@ def test_an_approval_applied_by_a_segment_that_died_mid_write_survives_reconcili
     """The approving segment dies inside the write (after the fence was stamped). The in-doubt
     run is reconciled "landed": the continuation must find the turn approved, not ask again,
     and must not run the write a second time."""
-    from agentruns.services.runs import reconciliation_turn, run_reconcile
+    from agentruns.services.runs import run_reconcile
+    from agentruns.turns import PendingTurn
 
     script = [
         tool_turn(call("probe_create", value="once"), call("probe_read", value="after")),
@@ -178,7 +179,7 @@ def test_an_approval_applied_by_a_segment_that_died_mid_write_survives_reconcili
     run.refresh_from_db()
     assert transitions.run_mark_in_doubt(
         run_id=run.pk,
-        pending_turn=reconciliation_turn(run),
+        pending_turn=PendingTurn.for_reconciliation(run),
         segment="reaper:test:1",
         event=EventSpec(EventKind.REAPER, {"rule": "in_doubt"}),
     )
@@ -208,7 +209,7 @@ def test_a_crash_after_the_last_call_returned_reruns_it_and_keeps_the_transcript
     """The last call of a turn is recorded by the next ``request`` boundary. A segment dying in
     between loses that call's result like a crash inside it: the call runs again and the
     provider still sees the uninterrupted dialogue."""
-    from agentruns.services.runtime import RunSegment
+    from agentruns.services.runtime.segment import RunSegment
 
     configuration = config()
     reference = uninterrupted(configuration)

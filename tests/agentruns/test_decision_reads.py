@@ -14,8 +14,9 @@ from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
 from agentruns.services.runs import run_decide as service_decide
 from agentruns.services.runs import run_start_sync
-from agentruns.services.runtime import Outcome
+from agentruns.services.runtime.segment import Outcome
 from agentruns.transitions import run_decide
+from agentruns.turns import ApprovalDecision
 from tests.agentruns.runtime_support import call, config, decider, tool_turn
 from tests.agentruns.transitions_support import DIGEST, start, suspend
 
@@ -41,7 +42,7 @@ def test_a_decision_reads_the_run_once_and_does_not_read_it_back(identity):
             run_uuid=lease.uuid,
             expected_status=Status.WAITING_FOR_APPROVAL,
             turn_digest=DIGEST,
-            decision={"approved": True},
+            decision=ApprovalDecision(approved=True),
             event=EventSpec(EventKind.APPROVAL, {"turn_digest": DIGEST}),
             identity=identity,
         )
@@ -53,7 +54,7 @@ def test_a_decision_reads_the_run_once_and_does_not_read_it_back(identity):
     assert decided.run.claimed_by == (identity or "")
     assert decided.run.lease_epoch == (2 if identity else 1)
     assert decided.run.pending_turn is None
-    assert decided.run.loop_state["decision"] == {"approved": True}
+    assert decided.run.loop_state["decision"] == ApprovalDecision(approved=True).to_json()
     computed = {"lease_expires", "updated_at"} if identity else {"updated_at"}
     assert decided.run.get_deferred_fields() == computed
     row = AgentRun.objects.get(pk=lease.run_id)
@@ -82,7 +83,7 @@ def test_the_event_may_be_built_from_the_locked_run():
         run_uuid=lease.uuid,
         expected_status=Status.WAITING_FOR_APPROVAL,
         turn_digest=DIGEST,
-        decision={"approved": True},
+        decision=ApprovalDecision(approved=True),
         event=event,
         identity=None,
     )

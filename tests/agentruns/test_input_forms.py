@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from agentruns.digests import turn_digest
 from agentruns.input_forms import InputValuesForm, input_form_for, input_spec
 from agentruns.models import AgentRun, Status
-from agentruns.pending import APPROVAL, INPUT, PendingTurn, read_pending_turn
 from agentruns.tools.schemas import SchemaError
+from agentruns.turns import APPROVAL, INPUT, PendingTurn, read_pending_turn, turn_digest
 
 SCHEMA = {
     "type": "object",

@@ -34,7 +34,7 @@ from agentruns.models import (
     Status,
 )
 from agentruns.services import runs
-from agentruns.services.runtime import Outcome, execute_tool_call
+from agentruns.services.runtime.segment import Outcome, execute_tool_call
 from agentruns.tools import registry
 from agentruns.tools.mcp import (
     McpError,

@@ -16,7 +16,7 @@ from django.test import override_settings
 
 from agentruns.models import AgentRunEvent, Effect, EventKind, McpServer, McpTransport, Status
 from agentruns.services import runs
-from agentruns.services.runtime import Outcome
+from agentruns.services.runtime.segment import Outcome
 from agentruns.tools import registry
 from agentruns.tools.mcp import mcp_server_sync_tools
 from tests.agentruns.factories import AgentConfigurationFactory

@@ -8,7 +8,7 @@ import pytest
 
 from agentruns.models import AgentConfiguration, EventKind, Provider, Status, TerminationReason
 from agentruns.services.runs import run_start_sync
-from agentruns.services.runtime import Outcome
+from agentruns.services.runtime.segment import Outcome
 from playground.models import Note
 from tests.agentruns.runtime_support import (
     assert_contiguous,

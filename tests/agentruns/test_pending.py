@@ -3,14 +3,14 @@ status and its digest agree."""
 
 from __future__ import annotations
 
-from agentruns.digests import turn_digest
 from agentruns.models import AgentRun, Status
-from agentruns.pending import (
+from agentruns.turns import (
     APPROVAL,
     INPUT,
     RECONCILIATION,
     UNREADABLE,
     read_pending_turn,
+    turn_digest,
     waits_for_a_human,
 )
 

@@ -22,7 +22,7 @@ from agentruns import tasks, transitions
 from agentruns.models import AgentRun, EventKind, Provider, Status
 from agentruns.providers.scripted import ScriptedProvider
 from agentruns.services import dispatch, reaper, runs
-from agentruns.services.runtime import Outcome, continue_segment
+from agentruns.services.runtime.segment import Outcome, continue_segment
 from playground.models import Note
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 from tests.support.processes import ROOT

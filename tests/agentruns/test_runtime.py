@@ -14,7 +14,6 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agentruns.digests import turn_digest
 from agentruns.exceptions import (
     InvalidInput,
     NotWaiting,
@@ -24,11 +23,12 @@ from agentruns.exceptions import (
 )
 from agentruns.leases import Lease
 from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
-from agentruns.services import runtime
 from agentruns.services.runs import run_cancel, run_decide, run_start_sync, run_submit_input
-from agentruns.services.runtime import Outcome, continue_segment
-from agentruns.services.transcript import DENIED_MESSAGE
+from agentruns.services.runtime import segment as runtime
+from agentruns.services.runtime.segment import Outcome, continue_segment
+from agentruns.services.runtime.transcript import DENIED_MESSAGE
 from agentruns.tools import registry
+from agentruns.turns import turn_digest
 from playground.models import Note
 from tests.agentruns.factories import AgentRunFactory, UserFactory, lease_for
 from tests.agentruns.runtime_support import (

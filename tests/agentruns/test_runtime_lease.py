@@ -25,7 +25,7 @@ from agentruns import transitions
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status, TerminationReason
 from agentruns.services.runs import run_cancel, run_start_sync
-from agentruns.services.runtime import Outcome, continue_segment
+from agentruns.services.runtime.segment import Outcome, continue_segment
 from tests.agentruns.runtime_support import (
     assert_contiguous,
     assert_released,

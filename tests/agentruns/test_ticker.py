@@ -7,7 +7,7 @@ import time
 import pytest
 
 from agentruns.models import AgentRun
-from agentruns.services.ticker import LeaseTicker
+from agentruns.services.runtime.ticker import LeaseTicker
 from tests.agentruns.factories import AgentRunFactory, lease_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -32,8 +32,9 @@ from agentruns.transitions import (
     run_stamp_fence,
     run_suspend,
 )
+from agentruns.turns import ApprovalDecision
 from tests.agentruns.factories import AgentRunFactory
-from tests.agentruns.transitions_support import CALL, DIGEST, expire, start
+from tests.agentruns.transitions_support import CALL, DIGEST, approval_turn, expire, start
 from tests.agentruns.transitions_support import ME as HOLDER
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -90,7 +91,7 @@ def test_sixteen_concurrent_decisions_have_exactly_one_winner(round_):
     assert run_suspend(
         lease,
         status=Status.WAITING_FOR_APPROVAL,
-        pending_turn={"calls": [CALL], "turn_digest": DIGEST},
+        pending_turn=approval_turn(),
         loop_state={"iteration": 1},
     )
 
@@ -100,7 +101,7 @@ def test_sixteen_concurrent_decisions_have_exactly_one_winner(round_):
             run_uuid=lease.uuid,
             expected_status=Status.WAITING_FOR_APPROVAL,
             turn_digest=DIGEST,
-            decision={"approved": i % 3 != 0, "decider": i},
+            decision=ApprovalDecision(approved=i % 3 != 0, decider_id=i),
             event=EventSpec(EventKind.APPROVAL, {"decider": i}),
             identity=f"resume:host-{i}:{i}" if inline else None,
         )
@@ -113,7 +114,10 @@ def test_sixteen_concurrent_decisions_have_exactly_one_winner(round_):
     refusals = [o.error for i, o in enumerate(outcomes) if i != winner]
     assert all(isinstance(e, AlreadyDecided | StaleTurn | NotWaiting) for e in refusals), refusals
     run = AgentRun.objects.get(pk=lease.run_id)
-    assert run.loop_state["decision"] == {"approved": winner % 3 != 0, "decider": winner}
+    assert (
+        run.loop_state["decision"]
+        == ApprovalDecision(approved=winner % 3 != 0, decider_id=winner).to_json()
+    )
     approvals = AgentRunEvent.objects.filter(run=run, kind=EventKind.APPROVAL)
     assert [e.payload for e in approvals] == [{"decider": winner}]
     if winner % 2 == 0:
@@ -255,7 +259,7 @@ def test_a_zombie_racing_the_new_holder_writes_nothing(round_):
         lambda: run_suspend(
             old,
             status=Status.WAITING_FOR_APPROVAL,
-            pending_turn={"turn_digest": "z" * 64},
+            pending_turn=approval_turn("z" * 64),
             loop_state={"by": "zombie"},
         ),
         lambda: run_requeue(old, error={"by": "zombie"}),

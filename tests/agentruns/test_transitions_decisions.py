@@ -27,8 +27,24 @@ from agentruns.transitions import (
     run_reconcile_abandon,
     run_suspend,
 )
-from tests.agentruns.factories import AgentRunFactory, UserFactory
-from tests.agentruns.transitions_support import DIGEST, WORKER, events, snapshot, start, suspend
+from agentruns.turns import ApprovalDecision, InputDecision
+from tests.agentruns.factories import (
+    IN_DOUBT_DIGEST,
+    INPUT_DIGEST,
+    INPUT_TURN,
+    WAITING_DIGEST,
+    AgentRunFactory,
+    UserFactory,
+)
+from tests.agentruns.transitions_support import (
+    DIGEST,
+    WORKER,
+    approval_turn,
+    events,
+    snapshot,
+    start,
+    suspend,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -53,7 +69,7 @@ def decide(
         run_uuid=run_uuid,
         expected_status=expected,
         turn_digest=digest,
-        decision={"approved": True},
+        decision=ApprovalDecision(approved=True),
         event=approval(digest),
         identity=identity,
         check=check,
@@ -77,7 +93,7 @@ def test_decide_inline_resumes_with_epoch_plus_one_and_a_resume_identity():
         run_uuid=lease.uuid,
         expected_status=Status.WAITING_FOR_APPROVAL,
         turn_digest=DIGEST,
-        decision={"approved": True, "by": decider.pk},
+        decision=ApprovalDecision(approved=True, decider_id=decider.pk),
         event=approval(actor_id=decider.pk),
         identity=RESUMER,
     )
@@ -88,7 +104,11 @@ def test_decide_inline_resumes_with_epoch_plus_one_and_a_resume_identity():
     assert run.lease_epoch == 2
     assert run.lease_expires > timezone.now()
     assert run.pending_turn is None
-    assert run.loop_state["decision"] == {"approved": True, "by": decider.pk}
+    assert run.loop_state["decision"] == {
+        "kind": "approval",
+        "approved": True,
+        "decider_id": decider.pk,
+    }
     assert DIGEST in run.loop_state["decided_digests"]
     assert run.loop_state["iteration"] == 1
     assert decided.run.pk == run.pk and decided.run.status == Status.RUNNING
@@ -112,16 +132,26 @@ def test_decide_queued_hands_the_run_to_a_worker():
     assert decided.lease is None
     assert run.status == Status.QUEUED
     assert (run.claimed_by, run.lease_expires, run.lease_epoch) == ("", None, 1)
-    assert run.loop_state["decision"] == {"approved": True}
+    assert run.loop_state["decision"] == ApprovalDecision(approved=True).to_json()
     assert events(run.pk)[-1] == (1, EventKind.APPROVAL, "", 1)
     claimed = run_claim_queued(run_id=run.pk, identity=WORKER)
     assert claimed is not None and claimed.epoch == 2
 
 
 def test_decide_input_wait():
-    lease = waiting_run(status=Status.WAITING_FOR_INPUT)
+    lease = start()
+    assert run_suspend(
+        lease, status=Status.WAITING_FOR_INPUT, pending_turn=INPUT_TURN, loop_state={"iteration": 1}
+    )
 
-    decided = decide(lease.uuid, expected=Status.WAITING_FOR_INPUT, identity=RESUMER)
+    decided = run_decide(
+        run_uuid=lease.uuid,
+        expected_status=Status.WAITING_FOR_INPUT,
+        turn_digest=INPUT_DIGEST,
+        decision=InputDecision(call_id="call_0_0", values={}),
+        event=EventSpec(EventKind.INPUT),
+        identity=RESUMER,
+    )
 
     assert decided.run.status == Status.RUNNING
 
@@ -129,7 +159,7 @@ def test_decide_input_wait():
 def test_decide_reconciliation_resolves_the_fence():
     run = AgentRunFactory(in_doubt=True)
 
-    decided = decide(run.uuid, digest="r" * 64, expected=Status.WAITING_FOR_RECONCILIATION)
+    decided = decide(run.uuid, digest=IN_DOUBT_DIGEST, expected=Status.WAITING_FOR_RECONCILIATION)
 
     after = AgentRun.objects.get(pk=run.pk)
     assert decided.run.status == Status.QUEUED
@@ -179,7 +209,7 @@ def test_decision_for_an_old_turn_on_a_new_wait_is_already_decided():
     assert run_suspend(
         decided.lease,
         status=Status.WAITING_FOR_APPROVAL,
-        pending_turn={"turn_digest": "c" * 64},
+        pending_turn=approval_turn("c" * 64),
         loop_state=decided.run.loop_state,
     )
     before = snapshot(lease.run_id)
@@ -208,7 +238,7 @@ def test_decide_on_a_run_that_is_not_waiting_for_approval_is_not_waiting(trait):
     before = snapshot(run.pk)
 
     with pytest.raises(NotWaiting):
-        decide(run.uuid, digest="r" * 64, identity=RESUMER)
+        decide(run.uuid, digest=IN_DOUBT_DIGEST, identity=RESUMER)
 
     assert snapshot(run.pk) == before
     assert events(run.pk) == []
@@ -294,7 +324,7 @@ def test_reconcile_abandon_settles_failed_and_records_the_verdict():
 
     after = run_reconcile_abandon(
         run_uuid=run.uuid,
-        turn_digest="r" * 64,
+        turn_digest=IN_DOUBT_DIGEST,
         event=EventSpec(EventKind.RECONCILIATION, {"verdict": "abandon"}, actor_id=operator.pk),
     )
 
@@ -317,9 +347,9 @@ def test_reconcile_abandon_settles_failed_and_records_the_verdict():
     [
         ("in_doubt", "x" * 64, StaleTurn),
         ("in_doubt", None, StaleTurn),
-        ("waiting", "d" * 64, NotWaiting),
-        ("running", "r" * 64, NotWaiting),
-        ("completed", "r" * 64, NotWaiting),
+        ("waiting", WAITING_DIGEST, NotWaiting),
+        ("running", IN_DOUBT_DIGEST, NotWaiting),
+        ("completed", IN_DOUBT_DIGEST, NotWaiting),
     ],
 )
 def test_reconcile_abandon_guard(trait, digest, error):
@@ -338,13 +368,15 @@ def test_reconcile_abandon_guard(trait, digest, error):
 def test_reconcile_abandon_twice_is_already_decided():
     run = AgentRunFactory(in_doubt=True)
     run_reconcile_abandon(
-        run_uuid=run.uuid, turn_digest="r" * 64, event=EventSpec(EventKind.RECONCILIATION)
+        run_uuid=run.uuid, turn_digest=IN_DOUBT_DIGEST, event=EventSpec(EventKind.RECONCILIATION)
     )
     before = snapshot(run.pk)
 
     with pytest.raises(AlreadyDecided):
         run_reconcile_abandon(
-            run_uuid=run.uuid, turn_digest="r" * 64, event=EventSpec(EventKind.RECONCILIATION)
+            run_uuid=run.uuid,
+            turn_digest=IN_DOUBT_DIGEST,
+            event=EventSpec(EventKind.RECONCILIATION),
         )
 
     assert snapshot(run.pk) == before
@@ -361,7 +393,7 @@ def test_reconcile_abandon_refused_by_check_changes_nothing():
     with pytest.raises(SelfApprovalRefused):
         run_reconcile_abandon(
             run_uuid=run.uuid,
-            turn_digest="r" * 64,
+            turn_digest=IN_DOUBT_DIGEST,
             event=EventSpec(EventKind.RECONCILIATION),
             check=refuse,
         )
@@ -373,5 +405,7 @@ def test_reconcile_abandon_refused_by_check_changes_nothing():
 def test_reconcile_abandon_of_a_missing_run():
     with pytest.raises(RunNotFound):
         run_reconcile_abandon(
-            run_uuid=uuid.uuid4(), turn_digest="r" * 64, event=EventSpec(EventKind.RECONCILIATION)
+            run_uuid=uuid.uuid4(),
+            turn_digest=IN_DOUBT_DIGEST,
+            event=EventSpec(EventKind.RECONCILIATION),
         )

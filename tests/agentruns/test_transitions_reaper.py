@@ -18,6 +18,7 @@ from agentruns.transitions import (
     run_reclaim_stale,
     run_stamp_fence,
 )
+from agentruns.turns import Call, PendingTurn
 from tests.agentruns.factories import AgentRunFactory
 from tests.agentruns.transitions_support import (
     CALL,
@@ -109,7 +110,9 @@ def test_reclaim_stale_of_a_queued_run_is_false():
 # --- mark in doubt -------------------------------------------------------------------------------
 
 
-IN_DOUBT_TURN = {"kind": "reconciliation", "turn_digest": "r" * 64}
+IN_DOUBT_TURN = PendingTurn(
+    kind="reconciliation", turn_digest="r" * 64, calls=(Call(id="call_1_0", name="create_note"),)
+)
 
 
 def test_mark_in_doubt_parks_a_stale_non_idempotent_write_for_a_human():
@@ -126,7 +129,7 @@ def test_mark_in_doubt_parks_a_stale_non_idempotent_write_for_a_human():
     assert (run.claimed_by, run.lease_expires) == ("", None)
     assert run.pending_effect == Effect.NON_IDEMPOTENT_WRITE
     assert run.pending_call == CALL
-    assert run.pending_turn == IN_DOUBT_TURN
+    assert run.pending_turn == IN_DOUBT_TURN.to_json()
     assert run.requeue_count == 0
     assert events(run.pk)[-1] == (1, EventKind.REAPER, REAPER, 0)
     # The dead segment cannot clear the fence it left behind.

@@ -25,10 +25,10 @@ from agentruns.transitions import (
 from tests.agentruns.factories import AgentRunFactory, lease_for
 from tests.agentruns.transitions_support import (
     CALL,
-    DIGEST,
     ME,
     REAPER,
     WORKER,
+    approval_turn,
     events,
     expire,
     older_epoch,
@@ -109,7 +109,7 @@ def _segment_writes() -> dict[str, Any]:
         "suspend": lambda lease: run_suspend(
             lease,
             status=Status.WAITING_FOR_APPROVAL,
-            pending_turn={"turn_digest": "z" * 64},
+            pending_turn=approval_turn("z" * 64),
             loop_state={"zombie": True},
             events=[EventSpec(EventKind.LLM)],
         ),
@@ -205,14 +205,14 @@ def test_suspend_parks_the_run_and_releases_the_claim(status):
     assert run_suspend(
         lease,
         status=status,
-        pending_turn={"turn_digest": DIGEST},
+        pending_turn=approval_turn(),
         loop_state={"iteration": 1},
         events=[EventSpec(EventKind.LLM)],
     )
 
     run = AgentRun.objects.get(pk=lease.run_id)
     assert run.status == status
-    assert run.pending_turn == {"turn_digest": DIGEST}
+    assert run.pending_turn == approval_turn().to_json()
     assert run.loop_state == {"iteration": 1}
     assert (run.claimed_by, run.lease_expires) == ("", None)
     assert run.lease_epoch == 1
@@ -228,7 +228,7 @@ def test_suspend_refuses_a_status_that_is_not_a_human_wait(status):
     before = snapshot(lease.run_id)
 
     with pytest.raises(ValueError):
-        run_suspend(lease, status=status, pending_turn={}, loop_state={})
+        run_suspend(lease, status=status, pending_turn=approval_turn(), loop_state={})
 
     assert snapshot(lease.run_id) == before
 
@@ -238,7 +238,9 @@ def test_suspend_of_a_cancelled_run_fails_closed():
     assert run_cancel(run_id=lease.run_id)
 
     assert (
-        run_suspend(lease, status=Status.WAITING_FOR_APPROVAL, pending_turn={"t": 1}, loop_state={})
+        run_suspend(
+            lease, status=Status.WAITING_FOR_APPROVAL, pending_turn=approval_turn(), loop_state={}
+        )
         is False
     )
 

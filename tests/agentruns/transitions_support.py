@@ -5,21 +5,30 @@ before and after a refused write, and leases a segment may hold after losing its
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
 
 from agentruns.leases import EventSpec, Lease
-from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
+from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status
 from agentruns.transitions import run_start, run_suspend
+from agentruns.turns import Call, PendingTurn
 from tests.agentruns.factories import AgentConfigurationFactory
 
 ME = "interactive:host-a:100"
 WORKER = "worker:host-b:200"
 REAPER = "reaper:host-d:400"
 CALL = {"id": "call_1_0", "name": "create_note", "arguments": {"title": "t"}}
-DIGEST = "a" * 64
+TURN = PendingTurn.for_approval([Call(**CALL, effect=Effect.NON_IDEMPOTENT_WRITE)])
+DIGEST = TURN.turn_digest
+
+
+def approval_turn(digest: str = DIGEST) -> PendingTurn:
+    """The approval turn of ``CALL``; with another ``digest`` a turn that claims it (a later
+    turn, for the guards: it never reads as decidable)."""
+    return TURN if digest == DIGEST else replace(TURN, turn_digest=digest)
 
 
 def start(identity: str = ME) -> Lease:
@@ -53,7 +62,7 @@ def suspend(lease: Lease, digest: str = DIGEST, status: str = Status.WAITING_FOR
     assert run_suspend(
         lease,
         status=status,
-        pending_turn={"kind": "approval", "calls": [CALL], "turn_digest": digest},
+        pending_turn=approval_turn(digest),
         loop_state={"iteration": 1},
     )
 

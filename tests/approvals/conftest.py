@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from agentruns.digests import turn_digest
 from agentruns.models import AgentConfiguration, AgentRun, Status
-from agentruns.services import reaper, runs, runtime
+from agentruns.services import reaper, runs
+from agentruns.services.runtime import segment as runtime
+from agentruns.turns import turn_digest
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 
 DECIDE = "agentruns.decide_agentrun"

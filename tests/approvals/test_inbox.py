@@ -8,8 +8,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from agentruns.digests import turn_digest
 from agentruns.models import AgentRun, Status
+from agentruns.turns import turn_digest
 from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory
 from tests.approvals.conftest import (
     approval_turn,

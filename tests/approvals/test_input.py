@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from agentruns.digests import turn_digest
 from agentruns.input_forms import input_spec
 from agentruns.models import AgentRun, AgentRunEvent, Status
 from agentruns.services import runs
+from agentruns.turns import turn_digest
 from tests.agentruns.factories import AgentRunFactory
 from tests.approvals.conftest import start_input_run, start_waiting_run
 from tests.approvals.html import heading_levels, headings_in_order, unlabelled_fields

@@ -198,7 +198,7 @@ def test_an_abandon_refused_by_the_fence_happens_at_the_next_boundary(developer)
         observer(tool)  # abandons now
         still_mine = transitions.run_heartbeat(lease)
         observed.append(still_mine)
-        from agentruns.services.runtime import Outcome, SegmentResult
+        from agentruns.services.runtime.segment import Outcome, SegmentResult
 
         return SegmentResult(Outcome.LEASE_LOST, AgentRun.objects.get(pk=lease.run_id))
 

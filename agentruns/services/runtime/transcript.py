@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentruns.models import AgentRun, AgentRunEvent, EventKind
+from agentruns.turns import LoopState, Unreadable
 
 
 class NotRehydratable(Exception):
@@ -75,25 +76,11 @@ class Rehydrated:
 
 def check_loop_state(state: Any) -> dict[str, Any]:
     """Validate the stored loop state's shape; raise ``NotRehydratable`` when it is corrupt."""
-    if not isinstance(state, dict):
-        raise NotRehydratable("loop_state is not an object")
-    if not isinstance(state.get("iteration", 0), int):
-        raise NotRehydratable("loop_state.iteration is not an integer")
-    turn = state.get("turn")
-    if turn is not None:
-        if not isinstance(turn, dict) or not isinstance(turn.get("calls"), list):
-            raise NotRehydratable("loop_state.turn is malformed")
-        for call in turn["calls"]:
-            if not isinstance(call, dict) or not isinstance(call.get("id"), str):
-                raise NotRehydratable("loop_state.turn has a malformed call")
-            if not isinstance(call.get("name"), str):
-                raise NotRehydratable("loop_state.turn has a call without a name")
-        if not isinstance(turn.get("done", []), list):
-            raise NotRehydratable("loop_state.turn.done is malformed")
-    decision = state.get("decision")
-    if decision is not None and not isinstance(decision, dict):
-        raise NotRehydratable("loop_state.decision is malformed")
-    return state
+    try:
+        LoopState.parse(state)
+    except Unreadable as exc:
+        raise NotRehydratable(str(exc)) from exc
+    return dict(state)
 
 
 def rehydrate(run: AgentRun, events: Iterable[AgentRunEvent] | None = None) -> Rehydrated:

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentruns import conf, transitions
-from agentruns.digests import turn_digest
 from agentruns.exceptions import StateWriteFailed, WriteWithoutDurableExecution
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import (
@@ -33,8 +32,8 @@ from agentruns.models import (
     TerminationReason,
 )
 from agentruns.providers.base import ProviderError, ProviderReply, ToolCall, provider_for
-from agentruns.services.ticker import LeaseTicker
-from agentruns.services.transcript import (
+from agentruns.services.runtime.ticker import LeaseTicker
+from agentruns.services.runtime.transcript import (
     DENIED_MESSAGE,
     NotRehydratable,
     message_for_event,
@@ -42,6 +41,7 @@ from agentruns.services.transcript import (
 )
 from agentruns.tools import Tool, ToolContext, ToolResult, invoke_tool, registry
 from agentruns.tools.registry import overlay_input
+from agentruns.turns import Call, PendingTurn
 
 logger = logging.getLogger(__name__)
 
@@ -480,7 +480,7 @@ class RunSegment:
 
     # -- suspending --
 
-    def _suspend(self, status: str, pending_turn: dict[str, Any], outcome: str) -> None:
+    def _suspend(self, status: str, pending_turn: PendingTurn, outcome: str) -> None:
         self._flush()
         if not transitions.run_suspend(
             self.lease, status=status, pending_turn=pending_turn, loop_state=self.state
@@ -499,36 +499,29 @@ class RunSegment:
         for call in calls:
             tool = self._available_tool(call["name"])
             shown.append(
-                {
-                    "id": call["id"],
-                    "name": call["name"],
-                    "arguments": call.get("arguments", {}),
-                    "effect": call.get("effect") or self._effect(call["name"]),
-                    "needs_approval": tool is None or tool.needs_approval,
-                    "known": tool is not None,
-                    "source": tool.source if tool is not None else "unknown",
-                    "hints": dict(tool.hints) if tool is not None else {},
-                }
+                Call(
+                    id=call["id"],
+                    name=call["name"],
+                    arguments=call.get("arguments", {}),
+                    effect=call.get("effect") or self._effect(call["name"]),
+                    needs_approval=tool is None or tool.needs_approval,
+                    known=tool is not None,
+                    source=tool.source if tool is not None else "unknown",
+                    hints=dict(tool.hints) if tool is not None else {},
+                    detailed=True,
+                )
             )
-        pending = {"kind": "approval", "calls": shown, "turn_digest": turn_digest(calls)}
+        pending = PendingTurn.for_approval(shown)
         self._suspend(Status.WAITING_FOR_APPROVAL, pending, Outcome.AWAITING_APPROVAL)
 
     def _suspend_for_input(self, call: dict[str, Any], tool: Tool) -> None:
-        schema = tool.input_schema or {}
-        properties = schema.get("properties")
-        pending = {
-            "kind": "input",
-            "call": {
-                "id": call["id"],
-                "name": call["name"],
-                "arguments": call.get("arguments", {}),
-                "effect": str(tool.effect),
-            },
-            "input_schema": schema,
-            # The declared key order (jsonb reorders the stored schema's keys); not digested.
-            "field_order": list(properties) if isinstance(properties, dict) else [],
-            "turn_digest": turn_digest([call], input_schema=schema),
-        }
+        asking = Call(
+            id=call["id"],
+            name=call["name"],
+            arguments=call.get("arguments", {}),
+            effect=str(tool.effect),
+        )
+        pending = PendingTurn.for_input(asking, tool.input_schema or {})
         self._suspend(Status.WAITING_FOR_INPUT, pending, Outcome.AWAITING_INPUT)
 
     # -- the provider --
@@ -603,7 +596,7 @@ class RunSegment:
         """Call ids made unique within the run: they key idempotency and turn digests, and some
         OpenAI-compatible servers reuse ids such as ``call_0`` on every turn."""
         seen = {call["id"] for message in self.messages for call in message.get("tool_calls", [])}
-        unique = []
+        unique: list[ToolCall] = []
         for call in calls:
             call_id = call.id or f"call_{self.state.get('iteration', 0)}_{len(unique)}"
             while call_id in seen:

@@ -1,0 +1,77 @@
+"""The run's JSON, typed: the stored turn, the pending turn, decisions and the loop state
+(docs/design.md §1.2).
+
+A run keeps its progress in two JSON columns. ``loop_state`` is the segment's own record (the
+round, the turn being executed, a human's decision waiting to be applied, the digests already
+decided, token usage); ``pending_turn`` is what a waiting run shows a human (the calls to approve,
+the call asking for input, the write in doubt) bound by a digest. This module is the only place
+that builds, parses and serialises them, and the only place that computes a turn's digest:
+
+* every value ``parse``\\ s itself from stored JSON, refusing malformed data with ``Unreadable``
+  (its message says why, in words a person can read), and writes itself back with ``to_json``;
+* ``read_pending_turn(run)`` is how every interface (runtime, inbox, playground, API) reads a
+  waiting run: a turn whose shape, kind or digest does not agree reads as ``unreadable`` —
+  shown without controls, the same way everywhere.
+
+Free of queries: it looks at the values it is given, nothing else.
+"""
+
+from agentruns.turns.calls import (
+    APPROVAL,
+    INPUT,
+    RECONCILIATION,
+    UNREADABLE,
+    Call,
+    PendingKind,
+    Unreadable,
+    canonical_json,
+    turn_digest,
+)
+from agentruns.turns.pending import (
+    PendingTurn,
+    read_pending_turn,
+    stored_digest,
+    unreadable,
+    waits_for_a_human,
+)
+from agentruns.turns.state import (
+    DECIDED_DIGESTS_KEPT,
+    ApprovalDecision,
+    Decision,
+    InputDecision,
+    LoopState,
+    ReconciliationDecision,
+    Turn,
+    Usage,
+    decided_digests,
+    parse_decision,
+    with_decision,
+)
+
+__all__ = [
+    "APPROVAL",
+    "DECIDED_DIGESTS_KEPT",
+    "INPUT",
+    "RECONCILIATION",
+    "UNREADABLE",
+    "ApprovalDecision",
+    "Call",
+    "Decision",
+    "InputDecision",
+    "LoopState",
+    "PendingKind",
+    "PendingTurn",
+    "ReconciliationDecision",
+    "Turn",
+    "Unreadable",
+    "Usage",
+    "canonical_json",
+    "decided_digests",
+    "parse_decision",
+    "read_pending_turn",
+    "stored_digest",
+    "turn_digest",
+    "unreadable",
+    "waits_for_a_human",
+    "with_decision",
+]

@@ -1,0 +1,155 @@
+"""Calls and digests: one proposed tool call as stored in the run's JSON, the digest that binds a
+decision to the calls a human saw, and ``Unreadable``, the refusal every parser raises."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias
+
+from agentruns.models import Effect
+
+APPROVAL: Final = "approval"
+INPUT: Final = "input"
+RECONCILIATION: Final = "reconciliation"
+UNREADABLE: Final = "unreadable"
+PendingKind: TypeAlias = Literal["approval", "input", "reconciliation", "unreadable"]
+
+
+class Unreadable(ValueError):
+    """Stored JSON that does not parse. The message is the reason, e.g. "it lists no calls"."""
+
+
+def _object(raw: object, where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise Unreadable(f"{where} is not an object")
+    return raw
+
+
+def _int(raw: object, where: str, default: int = 0) -> int:
+    if raw is None:
+        return default
+    if not isinstance(raw, int) or isinstance(raw, bool):
+        raise Unreadable(f"{where} is not an integer")
+    return raw
+
+
+def _strings(raw: object, where: str) -> list[str]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
+        raise Unreadable(f"{where} is not a list of strings")
+    return list(raw)
+
+
+# --- Digests ----------------------------------------------------------------------------------
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, compact separators, UTF-8 kept: the same value always gives the same text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def turn_digest(
+    calls: Iterable[Call | Mapping[str, Any]], *, input_schema: Mapping[str, Any] | None = None
+) -> str:
+    """SHA-256 of the canonical JSON of the calls (id, name and arguments) — what binds a human
+    decision to the turn the human saw (docs/design.md §5.2).
+
+    The call id is included beside the name and arguments so that a model proposing the very
+    same call in a later turn gets a new digest: a decision for the old turn is then "already
+    decided", never silently valid for the new one. An input digest also covers the schema.
+    """
+    digested = [
+        call.digested() if isinstance(call, Call) else _digested_mapping(call) for call in calls
+    ]
+    body: dict[str, Any] = {"calls": digested}
+    if input_schema is not None:
+        body["input_schema"] = input_schema
+    return hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
+
+
+def _digested_mapping(call: Mapping[str, Any]) -> dict[str, Any]:
+    return {"id": call.get("id"), "name": call.get("name"), "arguments": call.get("arguments")}
+
+
+# --- Calls ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """One tool call the model proposed: its id (unique within the run), tool name, arguments
+    and the tool's effect as known when it was proposed.
+
+    An approval turn's calls also carry what the approver is shown (``detailed``): whether the
+    call needs a decision, whether its tool is known, where it comes from and its hints.
+    """
+
+    id: str
+    name: str
+    arguments: Any = None
+    effect: str = ""  # "" when not recorded (an older stored turn)
+    needs_approval: bool = True
+    known: bool = True
+    source: str = "local"
+    hints: dict[str, Any] = field(default_factory=dict)
+    detailed: bool = False
+
+    @property
+    def effect_label(self) -> str:
+        return str(Effect(self.effect).label) if self.effect in Effect.values else self.effect
+
+    @property
+    def is_write(self) -> bool:
+        return self.effect != Effect.READ
+
+    def digested(self) -> dict[str, Any]:
+        """What a digest covers: id, name and arguments."""
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "id": self.id,
+            "name": self.name,
+            "arguments": self.arguments,
+            "effect": self.effect,
+        }
+        if self.detailed:
+            data.update(
+                needs_approval=self.needs_approval,
+                known=self.known,
+                source=self.source,
+                hints=dict(self.hints),
+            )
+        return data
+
+    @classmethod
+    def parse(cls, raw: object, *, where: str, effect_required: bool = True) -> Call:
+        """A stored call. Refuses a call without a string id or a tool name, and (unless
+        ``effect_required`` is false) one whose effect is not a known effect."""
+        data = _object(raw, where)
+        name = data.get("name")
+        if not isinstance(name, str) or not name:
+            raise Unreadable(f"{where} has no tool name")
+        call_id = data.get("id")
+        if not isinstance(call_id, str):
+            raise Unreadable(f"{where} has no call id")
+        effect = data.get("effect")
+        if effect is None and not effect_required:
+            effect = ""
+        elif effect not in Effect.values:
+            raise Unreadable(f"{where} has an unknown effect")
+        hints = data.get("hints")
+        return cls(
+            id=call_id,
+            name=name,
+            arguments=data.get("arguments", {}),
+            effect=str(effect),
+            needs_approval=data.get("needs_approval", True) is not False,
+            known=data.get("known", True) is not False,
+            source=str(data.get("source") or "local"),
+            hints=dict(hints) if isinstance(hints, dict) else {},
+            detailed="needs_approval" in data or "known" in data or "hints" in data,
+        )
