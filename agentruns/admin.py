@@ -5,14 +5,13 @@ Run state columns are read-only: they change only through ``agentruns.transition
 
 from __future__ import annotations
 
-import json
-
 from django.contrib import admin, messages
 from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
+from agentruns.jsonview import pretty_json
 from agentruns.models import (
     AgentConfiguration,
     AgentRun,
@@ -83,7 +82,7 @@ class AgentRunAdmin(admin.ModelAdmin):
 
     @staticmethod
     def _pretty(value: object) -> str:
-        return format_html("<pre>{}</pre>", json.dumps(value, indent=2, sort_keys=True))
+        return format_html("<pre>{}</pre>", pretty_json(value))
 
     @admin.display(description="request")
     def request_json(self, obj: AgentRun) -> str:
@@ -167,7 +166,7 @@ class McpServerAdmin(admin.ModelAdmin):
                     e.get("name", ""),
                     e.get("description", ""),
                     ", ".join(f"{k}={v}" for k, v in sorted((e.get("hints") or {}).items())) or "—",
-                    json.dumps(e.get("input_schema"), indent=1, sort_keys=True),
+                    pretty_json(e.get("input_schema")),
                     e.get("problem") or "ok",
                 )
                 for e in entries

@@ -7,7 +7,11 @@ inbox and playground turn them into messages.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentruns.tools.schemas import SchemaError
 
 
 class LeaseholdError(Exception):
@@ -100,6 +104,11 @@ class InvalidInput(LeaseholdError):
 
     code = "invalid_input"
     status = 422
+
+    def __init__(self, message: str | None = None, *, errors: Sequence[SchemaError] = ()) -> None:
+        # ``errors`` typed for the forms; the detail carries them as JSON for every other reader.
+        self.errors: tuple[SchemaError, ...] = tuple(errors)
+        super().__init__(message, errors=[error.as_dict() for error in self.errors])
 
 
 class UnreadableState(LeaseholdError):

@@ -1,10 +1,11 @@
 """A tool's input schema rendered as a Django form, for anyone who asks a human for input (the
 approvals inbox, the playground).
 
-``input_spec(schema, order=...)`` maps an object schema's properties to form fields (text,
-number/integer, checkbox, enum select) and says in words what it cannot show; ``InputValuesForm``
-parses what was posted into values keyed by schema key. Forms parse; they decide nothing about a
-run (the services do).
+``input_form_for(pending, data, prefix=...)`` is what both use: the spec and form of a pending
+input turn. ``input_spec(schema, order=...)`` maps an object schema's properties to form fields
+(text, number/integer, checkbox, enum select) and says in words what it cannot show;
+``InputValuesForm`` parses what was posted into values keyed by schema key. Forms parse; they
+decide nothing about a run (the services do).
 
 Field order: a stored schema's properties may come back reordered (PostgreSQL's jsonb does not
 keep object key order), so ``order`` — the pending turn's ``field_order``, the keys as the tool
@@ -14,11 +15,14 @@ declared them — decides the order; keys missing from it follow in their stored
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django import forms
+
+from agentruns.tools.schemas import SchemaError
+from agentruns.turns import INPUT, PendingTurn
 
 SUPPORTED_TYPES = ("string", "integer", "number", "boolean")
 
@@ -135,7 +139,8 @@ class InputValuesForm(forms.Form):
         self.spec = spec
         for name, field in spec.fields.items():
             self.fields[name] = copy.deepcopy(field)
-        self.schema_errors: list[str] = []
+        # Errors the service found that belong to no field, shown with the form (``str()``).
+        self.schema_errors: list[SchemaError] = []
 
     def values(self) -> dict[str, Any]:
         """The cleaned values keyed by schema key; empty optional fields are left out."""
@@ -147,17 +152,28 @@ class InputValuesForm(forms.Form):
             values[key] = value
         return values
 
-    def add_schema_errors(self, errors: list[str]) -> None:
-        """Errors the service's schema validation found beyond what the fields check. An error
-        about one field (``"<key>: <message>"``) is shown on that field; others on the form."""
-        errors = [str(e) for e in errors] or ["The values do not match the schema."]
-        by_prefix = {f"{key}: ": name for name, key in self.spec.keys.items()}
-        for error in errors:
-            prefix = next((p for p in by_prefix if error.startswith(p)), None)
-            if prefix is None:
+    def add_schema_errors(self, errors: Sequence[SchemaError]) -> None:
+        """Errors the service's schema validation found beyond what the fields check (from
+        ``InvalidInput.errors``). An error whose path starts at a field's schema key is shown on
+        that field (with the rest of its path, if any); others on the form. None at all still
+        marks the form as refused."""
+        names: dict[str | int, str] = {key: name for name, key in self.spec.keys.items()}
+        for error in errors or [SchemaError((), "The values do not match the schema.")]:
+            name = names.get(error.path[0]) if error.path else None
+            if name is None:
                 self.schema_errors.append(error)
             else:
-                self.add_error(by_prefix[prefix], error[len(prefix) :])
+                self.add_error(name, str(error.below(1)))
+
+    def problems(self) -> list[SchemaError]:
+        """Every problem as a ``SchemaError`` at its schema key (form-wide ones at the root), field
+        by field: what an ``InvalidInput`` carries when the form itself refused the values."""
+        found = [
+            SchemaError((self.spec.keys[name],) if name in self.spec.keys else (), str(error))
+            for name, errors in self.errors.items()
+            for error in errors
+        ]
+        return found + list(self.schema_errors)
 
     def error_sentences(self) -> list[str]:
         """Every problem as one sentence (``"<label>: <error>"`` for a field's), for a summary."""
@@ -166,8 +182,22 @@ class InputValuesForm(forms.Form):
             for name, errors in self.errors.items()
             for error in errors
         ]
-        return sentences + list(self.schema_errors)
+        return sentences + [str(error) for error in self.schema_errors]
 
     @property
     def has_problems(self) -> bool:
         return bool(self.errors) or bool(self.schema_errors)
+
+
+def input_form_for(
+    pending: PendingTurn, data: Any | None = None, *, prefix: str
+) -> tuple[InputSpec, InputValuesForm | None]:
+    """The spec of a pending input turn's schema, in the order the tool declared its fields, and
+    its form (field names ``<prefix>-f0``…), bound to ``data`` when given. No form when the spec
+    cannot be offered (``spec.blocking`` says why). ``ValueError`` for a turn of another kind:
+    the caller reads the turn and decides what to show for those."""
+    if pending.kind != INPUT:
+        raise ValueError(f"not an input turn: {pending.kind}")
+    spec = input_spec(pending.input_schema or {}, order=pending.field_order)
+    form = InputValuesForm(data, spec=spec, prefix=prefix) if spec.usable else None
+    return spec, form

@@ -29,11 +29,12 @@ from agentruns.exceptions import (
     NotWaiting,
     UnreadableState,
 )
+from agentruns.input_forms import input_form_for
 from agentruns.models import AgentRun
 from agentruns.services import runs
 from agentruns.turns import INPUT, UNREADABLE
 from approvals import feedback
-from approvals.cards import Card, card_for, input_form
+from approvals.cards import Card, card_for
 from approvals.forms import DecisionForm, InputMetaForm, ReconciliationForm
 
 INBOX_PAGE_SIZE = 20
@@ -211,7 +212,7 @@ def submit_input(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
     if card.spec is None or not card.spec.usable:
         return _refused(request, InvalidRequest())
 
-    form = input_form(run, card.spec, request.POST)
+    _, form = input_form_for(card.pending, request.POST, prefix=card.form_id)
     card.form = form
     card.changed = meta.digest != card.pending.turn_digest
     if form is not None and form.is_valid():
@@ -224,7 +225,7 @@ def submit_input(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
                 mode=DECISION_MODE,
             )
         except InvalidInput as exc:
-            form.add_schema_errors(exc.detail.get("errors") or [])
+            form.add_schema_errors(exc.errors)
         except LeaseholdError as exc:
             return _refused(request, exc)
         else:

@@ -10,6 +10,7 @@ from typing import Any
 from django.template.loader import render_to_string
 from django.urls import NoReverseMatch, reverse
 
+from agentruns.jsonview import pretty_json
 from agentruns.models import AgentRun, EventKind
 
 # The approvals inbox's run timeline, if that app provides one (tried in order).
@@ -17,9 +18,10 @@ TIMELINE_URL_NAMES = ("approvals:timeline", "approvals:run_timeline", "approvals
 
 
 def pretty(value: Any) -> str:
+    """Text as it is (a tool's string result, a message); anything else as ``pretty_json``."""
     if isinstance(value, str):
         return value
-    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    return pretty_json(value)
 
 
 def _message(message: Any) -> dict[str, Any]:

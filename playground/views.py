@@ -20,7 +20,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from agentruns import selectors
 from agentruns.exceptions import InvalidInput, InvalidRequest, LeaseholdError, RunNotFound
-from agentruns.input_forms import InputSpec, InputValuesForm, input_spec
+from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun
 from agentruns.services import runs
@@ -56,8 +56,7 @@ def _input_form(
     pending = read_pending_turn(run)
     if pending.kind != INPUT:
         return None, None, pending.problem
-    spec = input_spec(pending.input_schema or {}, order=pending.field_order)
-    form = InputValuesForm(data, spec=spec, prefix=INPUT_PREFIX) if spec.usable else None
+    spec, form = input_form_for(pending, data, prefix=INPUT_PREFIX)
     return spec, form, ""
 
 
@@ -311,7 +310,7 @@ def submit_input(request: HttpRequest, uuid: str) -> HttpResponse:
         try:
             _submit_input(request, uuid, form.values())()
         except InvalidInput as exc:
-            form.add_schema_errors(exc.detail.get("errors") or [])
+            form.add_schema_errors(exc.errors)
         except LeaseholdError as exc:
             messages.error(request, exc.message)
             return redirect("playground:run", uuid)
@@ -331,7 +330,7 @@ def submit_input_stream(request: HttpRequest, uuid: str) -> HttpResponse | Strea
         return _stream_refused(exc)
     if form is not None and not form.is_valid():
         return _stream_refused(
-            InvalidInput(errors=form.error_sentences()),
+            InvalidInput(errors=form.problems()),
             html=_outcome_html(request, run, input_form=form),
         )
     return _stream(request, _submit_input(request, uuid, form.values() if form else {}))

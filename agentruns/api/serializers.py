@@ -27,6 +27,32 @@ class ErrorSerializer(serializers.Serializer):
     errors = serializers.JSONField(required=False)  # type: ignore[assignment]  # a declared field, not .errors
 
 
+@extend_schema_field(
+    {
+        "type": "array",
+        "items": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+        "description": "The keys from the submitted values to the value that failed: strings "
+        "for object properties, integers for array items; [] for the values themselves.",
+    }
+)
+class SchemaPathField(serializers.JSONField):
+    pass
+
+
+class SchemaErrorSerializer(serializers.Serializer):
+    path = SchemaPathField()
+    message = serializers.CharField()
+
+
+class InvalidInputSerializer(serializers.Serializer):
+    """422 ``invalid_input``: the values break the input schema. ``errors`` are sorted by path,
+    then message; a capped list (``agentruns.tools.schemas.schema_errors``)."""
+
+    code = serializers.CharField()
+    message = serializers.CharField()
+    errors = SchemaErrorSerializer(many=True)  # type: ignore[assignment]  # a declared field, not .errors
+
+
 # --- Runs ------------------------------------------------------------------------------------
 
 

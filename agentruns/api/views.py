@@ -6,10 +6,16 @@ Every endpoint needs an authenticated staff user (token or session). Deciding ne
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import status
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.generics import GenericAPIView
@@ -24,6 +30,7 @@ from agentruns import selectors
 from agentruns.api import serializers as s
 from agentruns.services import runs
 from agentruns.services.runtime.results import Outcome, SegmentResult
+from agentruns.tools.schemas import MAX_REPORTED_ERRORS
 
 UUID_PARAMETER = OpenApiParameter("uuid", OpenApiTypes.UUID, OpenApiParameter.PATH)
 
@@ -131,8 +138,21 @@ _DECISION_RESPONSES = {
 }
 
 
-class RunDecisionView(LeaseholdAPIView):
-    @extend_schema(
+class DecisionView(LeaseholdAPIView):
+    """A decision endpoint: parse the body with ``serializer``, call ``service`` with the run's
+    uuid, the user and the parsed fields (the serializer's fields are the service's keyword
+    arguments), answer 202 when a worker continues, else 200 with the run after it."""
+
+    serializer: type[s.serializers.Serializer]
+    service: Callable[..., SegmentResult]
+
+    def post(self, request: Request, uuid: str) -> Response:
+        data = _parse(self.serializer, request.data)
+        return _continued(self.service(run_uuid=uuid, actor=request.user, **data))
+
+
+@extend_schema_view(
+    post=extend_schema(
         operation_id="runs_decide",
         parameters=[UUID_PARAMETER],
         request=s.DecisionSerializer,
@@ -141,43 +161,31 @@ class RunDecisionView(LeaseholdAPIView):
         "continuation; queued: 202. 409: stale or missing digest, already decided, not "
         "waiting. 403: not permitted, or self-approval under four-eyes.",
     )
-    def post(self, request: Request, uuid: str) -> Response:
-        data = _parse(s.DecisionSerializer, request.data)
-        return _continued(
-            runs.run_decide(
-                run_uuid=uuid,
-                actor=request.user,
-                approved=data["approved"],
-                turn_digest=data["turn_digest"],
-                mode=data["mode"],
-            )
-        )
+)
+class RunDecisionView(DecisionView):
+    serializer = s.DecisionSerializer
+    service = staticmethod(runs.run_decide)
 
 
-class RunInputView(LeaseholdAPIView):
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         operation_id="runs_input",
         parameters=[UUID_PARAMETER],
         request=s.InputSerializer,
-        responses={**_DECISION_RESPONSES, 422: OpenApiResponse(s.ErrorSerializer)},
+        responses={**_DECISION_RESPONSES, 422: OpenApiResponse(s.InvalidInputSerializer)},
         description="Supply the values a tool asked a human for; 422 when they do not match "
-        "the pending input schema (nothing changes).",
+        "the pending input schema (nothing changes), with errors: [{path, message}] sorted by "
+        f"path, at most {MAX_REPORTED_ERRORS} and then one entry at path [] saying how many "
+        "more were found.",
     )
-    def post(self, request: Request, uuid: str) -> Response:
-        data = _parse(s.InputSerializer, request.data)
-        return _continued(
-            runs.run_submit_input(
-                run_uuid=uuid,
-                actor=request.user,
-                values=data["values"],
-                turn_digest=data["turn_digest"],
-                mode=data["mode"],
-            )
-        )
+)
+class RunInputView(DecisionView):
+    serializer = s.InputSerializer
+    service = staticmethod(runs.run_submit_input)
 
 
-class RunReconciliationView(LeaseholdAPIView):
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         operation_id="runs_reconcile",
         parameters=[UUID_PARAMETER],
         request=s.ReconciliationSerializer,
@@ -185,17 +193,10 @@ class RunReconciliationView(LeaseholdAPIView):
         description="Resolve an in-doubt write: landed, not_landed (the run continues) or "
         "abandon (settled failed / reconciled_abandoned).",
     )
-    def post(self, request: Request, uuid: str) -> Response:
-        data = _parse(s.ReconciliationSerializer, request.data)
-        return _continued(
-            runs.run_reconcile(
-                run_uuid=uuid,
-                actor=request.user,
-                verdict=data["verdict"],
-                turn_digest=data["turn_digest"],
-                mode=data["mode"],
-            )
-        )
+)
+class RunReconciliationView(DecisionView):
+    serializer = s.ReconciliationSerializer
+    service = staticmethod(runs.run_reconcile)
 
 
 class RunCancelView(LeaseholdAPIView):

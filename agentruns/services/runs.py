@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any, cast
 from uuid import UUID
 
-import jsonschema
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import ValidationError
 
@@ -41,6 +40,7 @@ from agentruns.services import dispatch
 from agentruns.services.runtime.results import EventObserver, Outcome, SegmentResult
 from agentruns.services.runtime.segment import continue_segment
 from agentruns.tools import registry
+from agentruns.tools.schemas import SchemaError, input_errors
 from agentruns.turns import (
     ApprovalDecision,
     InputDecision,
@@ -298,16 +298,10 @@ def _pending(run_uuid: UUID | str, *, waiting_in: str) -> PendingTurn | None:
     return pending
 
 
-def validate_values(schema: dict[str, Any], values: Any) -> list[str]:
-    """Validate human-supplied values against an input schema; the messages, empty if valid."""
-    if not isinstance(values, dict):
-        return ["values must be an object"]
-    validator_cls = jsonschema.validators.validator_for(schema)
-    validator = validator_cls(schema)
-    return [
-        (f"{'.'.join(str(p) for p in error.path)}: " if error.path else "") + error.message
-        for error in sorted(validator.iter_errors(values), key=lambda e: list(e.path))
-    ]
+def validate_values(schema: dict[str, Any], values: Any) -> list[SchemaError]:
+    """Validate human-supplied values against an input schema (``input_errors``: structured,
+    sorted, capped); empty if valid."""
+    return input_errors(schema, values)
 
 
 def run_submit_input(

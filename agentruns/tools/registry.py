@@ -20,7 +20,13 @@ from uuid import UUID
 from django.core.exceptions import ImproperlyConfigured
 
 from agentruns.models import WRITE_EFFECTS, Effect
-from agentruns.tools.schemas import InvalidSchema, check_schema, schema_errors
+from agentruns.tools.schemas import (
+    InvalidSchema,
+    SchemaError,
+    check_schema,
+    input_errors,
+    schema_errors,
+)
 from agentruns.turns import canonical_json
 
 logger = logging.getLogger(__name__)
@@ -386,7 +392,7 @@ def argument_errors(tool: Tool, arguments: Any) -> str | None:
         )
     problems = schema_errors(tool.parameters, dict(arguments))
     if problems:
-        return f"invalid arguments for tool {tool.name!r}: " + "; ".join(problems)
+        return f"invalid arguments for tool {tool.name!r}: " + "; ".join(map(str, problems))
     return None
 
 
@@ -418,16 +424,13 @@ def invoke_tool(tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
     return ToolResult.success(json.loads(encoded))
 
 
-def validate_input(tool: Tool, values: Any) -> list[str]:
-    """Problems with human-supplied ``values`` for ``tool.input_schema``; empty when valid.
-
-    A tool without an input schema accepts no input (one message says so).
+def validate_input(tool: Tool, values: Any) -> list[SchemaError]:
+    """Problems with human-supplied ``values`` for ``tool.input_schema`` (``input_errors``);
+    empty when valid. A tool without an input schema accepts no input (one error says so).
     """
     if tool.input_schema is None:
-        return [f"tool {tool.name!r} takes no human input"]
-    if not isinstance(values, Mapping):
-        return [f"(root): input must be an object, got {type(values).__name__}"]
-    return schema_errors(tool.input_schema, dict(values))
+        return [SchemaError((), f"tool {tool.name!r} takes no human input")]
+    return input_errors(tool.input_schema, values)
 
 
 def overlay_input(tool: Tool, arguments: Mapping[str, Any], values: Mapping[str, Any]) -> dict:

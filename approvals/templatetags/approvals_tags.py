@@ -3,13 +3,13 @@ markup built with ``format_html`` from our own constants — never model-chosen 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django import template
 from django.utils.html import format_html
 
 from agentruns.attribution import Attribution
+from agentruns.jsonview import pretty_json
 from approvals.feedback import ATTRIBUTIONS, NO_APPROVALS
 
 register = template.Library()
@@ -18,13 +18,7 @@ LONG_LINES = 12
 LONG_CHARS = 600
 
 
-@register.filter
-def pretty_json(value: Any) -> str:
-    """Indented, key-sorted JSON text (non-ASCII kept); ``repr`` for anything JSON cannot say."""
-    try:
-        return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return repr(value)
+register.filter("pretty_json", pretty_json)  # agentruns.jsonview: the one JSON printer
 
 
 @register.filter

@@ -376,8 +376,14 @@ def test_invalid_input_values_are_422_and_change_nothing(api):
         422,
         "invalid_input",
     )
-    assert body["errors"]
-    assert_error(submit(api, run, values=["x"], turn_digest=digest(run)), 422, "invalid_input")
+    assert body["errors"] == [
+        {"path": [], "message": "'answer' is a required property"},
+        {"path": ["priority"], "message": "'high' is not of type 'integer'"},
+    ]
+    body = assert_error(
+        submit(api, run, values=["x"], turn_digest=digest(run)), 422, "invalid_input"
+    )
+    assert body["errors"] == [{"path": [], "message": "values must be an object, got list"}]
     run.refresh_from_db()
     assert run.status == Status.WAITING_FOR_INPUT
     assert not run.events.filter(kind=EventKind.INPUT).exists()

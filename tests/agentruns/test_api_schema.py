@@ -11,7 +11,13 @@ import pytest
 from drf_spectacular.validation import validate_schema
 from rest_framework.test import APIClient
 
-from tests.agentruns.api_support import config, digest, in_doubt, waiting_for_approval
+from tests.agentruns.api_support import (
+    config,
+    digest,
+    in_doubt,
+    waiting_for_approval,
+    waiting_for_input,
+)
 from tests.agentruns.factories import UserFactory
 from tests.agentruns.test_api import DECIDE, client_for
 
@@ -86,6 +92,7 @@ def _cases(api: APIClient) -> dict[str, list[tuple[str, str, dict | None, int]]]
     approval = waiting_for_approval()
     inline = waiting_for_approval(slug="notes")
     doubt = in_doubt()
+    asking = waiting_for_input()
     unknown = "00000000-0000-0000-0000-000000000000"
     return {
         "runs_list": [
@@ -132,6 +139,12 @@ def _cases(api: APIClient) -> dict[str, list[tuple[str, str, dict | None, int]]]
         "runs_input": [
             ("post", f"/api/runs/{approval.uuid}/input/", {"values": {}}, 409),
             ("post", f"/api/runs/{approval.uuid}/input/", {}, 400),
+            (
+                "post",
+                f"/api/runs/{asking.uuid}/input/",
+                {"values": {"priority": [1]}, "turn_digest": digest(asking)},
+                422,
+            ),
         ],
         "runs_reconcile": [
             ("post", f"/api/runs/{doubt.uuid}/reconciliation/", {"verdict": "x"}, 400),

@@ -21,6 +21,7 @@ from agentruns.tools.registry import (
     tool,
     validate_input,
 )
+from agentruns.tools.schemas import SchemaError
 
 ARGS = {
     "type": "object",
@@ -358,22 +359,24 @@ def test_validate_input_accepts_valid_values() -> None:
 
 
 @pytest.mark.parametrize(
-    ("values", "fragment"),
+    ("values", "path", "fragment"),
     [
-        ({}, "'answer' is a required property"),
-        ({"answer": 3}, "answer: 3 is not of type 'string'"),
-        ({"answer": "y", "priority": "high"}, "priority: 'high' is not of type 'integer'"),
-        ({"answer": "y", "sneaky": 1}, "'sneaky' was unexpected"),
-        (["answer"], "must be an object"),
+        ({}, (), "'answer' is a required property"),
+        ({"answer": 3}, ("answer",), "3 is not of type 'string'"),
+        ({"answer": "y", "priority": "high"}, ("priority",), "'high' is not of type 'integer'"),
+        ({"answer": "y", "sneaky": 1}, (), "'sneaky' was unexpected"),
+        (["answer"], (), "must be an object"),
     ],
 )
-def test_validate_input_reports_problems(values: Any, fragment: str) -> None:
+def test_validate_input_reports_problems(values: Any, path: tuple, fragment: str) -> None:
     errors = validate_input(ask(), values)
-    assert any(fragment in e for e in errors), errors
+    assert any(e.path == path and fragment in e.message for e in errors), errors
 
 
 def test_validate_input_for_a_tool_without_input_schema() -> None:
-    assert validate_input(make(), {"answer": "x"}) == ["tool 'double' takes no human input"]
+    assert validate_input(make(), {"answer": "x"}) == [
+        SchemaError((), "tool 'double' takes no human input")
+    ]
 
 
 def test_overlay_keeps_model_only_keys_and_ignores_undeclared_human_keys() -> None:

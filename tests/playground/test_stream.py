@@ -248,7 +248,10 @@ def test_streamed_input_values_the_form_refuses_are_one_error_line_with_the_form
     assert response.status_code == 422
     (line,) = [json.loads(x) for x in response.content.decode().splitlines()]
     assert line["event"] == "error" and line["code"] == "invalid_input"
-    assert line["errors"] == ["Answer: This field is required.", "Priority: Enter a whole number."]
+    assert line["errors"] == [
+        {"path": ["answer"], "message": "This field is required."},
+        {"path": ["priority"], "message": "Enter a whole number."},
+    ]
     assert "Answer: This field is required." in line["html"] and 'value="two"' in line["html"]
     assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_INPUT
 
