@@ -1,4 +1,5 @@
-"""Approval attribution (RUNS.md §6): who approved a run's writes, relative to who started it.
+"""Approval attribution (docs/design.md §5.6): who approved a run's writes, relative to who started
+it.
 
 Pure ranking logic over facts a selector gathered (``selectors.run_attributions`` fetches them
 for a whole page in one query). Each approving decision is classified:

@@ -1,6 +1,6 @@
 """Execution identity: ``<segment>:<host>:<pid>``, the value of ``claimed_by``.
 
-A lease left behind names the entry point that abandoned it (RUNS.md §4).
+A lease left behind names the entry point that abandoned it (docs/design.md §3.1).
 """
 
 from __future__ import annotations

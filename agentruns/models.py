@@ -1,4 +1,4 @@
-"""Agent configurations, runs and their append-only event stream (RUNS.md §2).
+"""Agent configurations, runs and their append-only event stream (docs/design.md §1).
 
 Status, lease and fence columns are written only by ``agentruns.transitions``; nothing else may
 ``save()`` an existing run.
@@ -225,7 +225,8 @@ MCP_SERVER_NAME_MAX = 24
 
 
 class McpServer(models.Model):
-    """A remote tool server (MCP) registered by an operator. Edited in the admin (RUNS.md §5).
+    """A remote tool server (MCP) registered by an operator. Edited in the admin (docs/design.md
+    §4.5).
 
     Every tool it offers is a ``non_idempotent_write``; ``requires_approval`` is read
     fail-closed through ``approval_required``. Secrets never live here: ``headers_env`` names the

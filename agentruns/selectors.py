@@ -29,7 +29,8 @@ def run_events(*, run: AgentRun, after: int = -1) -> QuerySet[AgentRunEvent]:
 
 
 def stale_runs(*, after: tuple[Any, int] | None = None) -> QuerySet[AgentRun]:
-    """Running runs whose lease expired on the database clock, oldest lease first (RUNS.md §7).
+    """Running runs whose lease expired on the database clock, oldest lease first (docs/design.md
+    §8.1).
 
     Served by the ``(status, lease_expires)`` index. ``after`` is a keyset cursor
     ``(lease_expires, pk)``: only runs strictly after it in that order. The caller adds the
@@ -118,7 +119,7 @@ def recent_runs() -> QuerySet[AgentRun]:
 
 
 def run_attributions(*, runs: Iterable[AgentRun]) -> dict[int, Attribution | None]:
-    """Approval attribution (RUNS.md §6) per run id, for any number of runs in one query.
+    """Approval attribution (docs/design.md §5.6) per run id, for any number of runs in one query.
 
     Reads every approving ``approval`` event of the given runs and ranks them with
     ``agentruns.attribution``; a run without approvals maps to ``None``.

@@ -39,7 +39,7 @@ from approvals.forms import DecisionForm, InputMetaForm, ReconciliationForm
 
 INBOX_PAGE_SIZE = 20
 RECENT_PAGE_SIZE = 50
-# Decisions are recorded and handed to a worker (RUNS.md §3.2 "decide, queued").
+# Decisions are recorded and handed to a worker (docs/design.md §5.8).
 DECISION_MODE = "queued"
 
 View = Callable[..., HttpResponse]
@@ -174,7 +174,7 @@ def decide(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
 
 @require_POST
 def reconcile(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
-    """Settle an in-doubt write: landed, did not land, or abandon (RUNS.md §8)."""
+    """Settle an in-doubt write: landed, did not land, or abandon (docs/design.md §9)."""
     form = ReconciliationForm(request.POST)
     if not form.is_valid():
         return _refused(request, InvalidRequest())

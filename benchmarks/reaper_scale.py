@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""One reaper pass over tables of 10k, 100k and 1M runs with 1% stale (issue #4 §6).
+"""One reaper pass over tables of 10k, 100k and 1M runs with 1% stale (docs/design.md §8.1).
 
     DATABASE_URL=postgres://root@127.0.0.1:5432/test .venv/bin/python benchmarks/reaper_scale.py
     ... benchmarks/reaper_scale.py --sizes 10000,100000      # skip the million

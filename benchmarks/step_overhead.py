@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Step overhead of the agent runtime: SQL statements and wall time per round (issue #3 §7).
+"""Step overhead of the agent runtime: SQL statements and wall time per round (docs/design.md §6.6).
 
 Runs many scripted runs against a THROWAWAY database of the configured kind and prints, per
 round, the statements the runtime issued and its wall time, beside a baseline measured in the

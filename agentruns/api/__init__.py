@@ -1,4 +1,4 @@
-"""The HTTP API (RUNS.md §11): DRF serializers, views and routes under ``/api/``.
+"""The HTTP API (docs/design.md §11.2): DRF serializers, views and routes under ``/api/``.
 
 Owns request parsing and response shapes only. Every view parses, calls one service or selector
 from ``agentruns`` and renders; refusals are the typed ``agentruns.exceptions``, mapped to HTTP

@@ -123,7 +123,8 @@ def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
 
 
 class RunSerializer(serializers.Serializer):
-    """A run: every column of RUNS.md §2.2 except the raw state (``request``, ``loop_state``)."""
+    """A run: every column of docs/design.md §1.2 except the raw state (``request``,
+    ``loop_state``)."""
 
     uuid = serializers.UUIDField()
     configuration = serializers.SlugField(source="configuration.slug")

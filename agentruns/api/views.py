@@ -1,4 +1,4 @@
-"""API views: parse, call one service or selector, render (RUNS.md §11).
+"""API views: parse, call one service or selector, render (docs/design.md §11.2).
 
 Every endpoint needs an authenticated staff user (token or session). Deciding needs
 ``agentruns.decide_agentrun``, which the decision services check themselves (``NotPermitted``).

@@ -1,4 +1,5 @@
-"""The provider contract: one model turn in, one reply out, failures classified (RUNS.md §9).
+"""The provider contract: one model turn in, one reply out, failures classified (docs/design.md
+§6.7, §7.1).
 
 A provider is stateless between calls: everything it needs is in the arguments (the OpenAI chat
 ``messages`` so far, the OpenAI-format ``tools`` and the run uuid). It never touches the
@@ -72,7 +73,7 @@ class ErrorKind(StrEnum):
 
 
 class ProviderError(Exception):
-    """A provider call failed. ``retryable`` follows RUNS.md §9.
+    """A provider call failed. ``retryable`` follows docs/design.md §7.1.
 
     ``kind`` is one of ``ErrorKind`` (a plain ``str``); the message is safe to store and show
     (it never contains an API key). ``status_code`` is the HTTP status when there was one.

@@ -2,9 +2,8 @@
 
 The API key is read at call time from the environment variable the configuration names
 (``api_key_env``); it is never stored, logged or put in an error message. The SDK's own retries
-are off (``max_retries=0``): every failure becomes a ``ProviderError`` classified per RUNS.md §9
-and the runtime decides whether to retry.
-"""
+are off (``max_retries=0``): every failure becomes a ``ProviderError`` classified per docs/design.md
+§7.1 and the runtime decides whether to retry."""
 
 from __future__ import annotations
 
@@ -56,7 +55,7 @@ def _status_kind(status: int) -> tuple[str, bool]:
 
 
 def classify(exc: BaseException, *, secret: str | None = None) -> ProviderError:
-    """Map an SDK (or any) exception to a ``ProviderError`` per RUNS.md §9.
+    """Map an SDK (or any) exception to a ``ProviderError`` per docs/design.md §7.1.
 
     Connection errors, timeouts, 408, 429 and 5xx are retryable; 401/403 (``auth``),
     400/404/422 (``bad_request``) and everything else (``unknown``) are not.

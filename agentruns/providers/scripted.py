@@ -1,4 +1,5 @@
-"""The ``scripted`` provider: plays a fixed list of turns (RUNS.md §11), for tests and demos.
+"""The ``scripted`` provider: plays a fixed list of turns (docs/design.md §6.7), for tests and
+demos.
 
 A script is a list of turns, each a dict with at least one of
 

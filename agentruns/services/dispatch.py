@@ -1,4 +1,4 @@
-"""Wake-ups: django-q2 tasks that carry only a run's uuid (RUNS.md §9).
+"""Wake-ups: django-q2 tasks that carry only a run's uuid (docs/design.md §10.1).
 
 The row is the state; a task is a hint that a run may be claimable. Duplicates and stale tasks
 are harmless because the worker's first act is a conditional claim.

@@ -1,4 +1,4 @@
-"""The stale-run reaper (RUNS.md §7): every run whose lease expired ends in a defined state.
+"""The stale-run reaper (docs/design.md §8): every run whose lease expired ends in a defined state.
 
 For each ``running`` run with ``lease_expires < Now()`` (database clock), oldest lease first,
 the first matching rule wins:
@@ -127,7 +127,7 @@ class ReaperReport:
 
 
 def rule_for(run: AgentRun) -> tuple[str, str]:
-    """The first rule of RUNS.md §7 that matches ``run`` and a detail for the record."""
+    """The first rule of docs/design.md §8.2 that matches ``run`` and a detail for the record."""
     if run.pending_effect == Effect.NON_IDEMPOTENT_WRITE:
         call = PendingTurn.for_reconciliation(run).call
         return Rule.FENCE, f"{call.name if call and call.name else 'unknown call'} in flight"

@@ -1,7 +1,7 @@
 """Run services: start, enqueue, decide, submit input, reconcile, cancel, process queued.
 
 Each takes keyword-only arguments and either returns the run's outcome or raises a typed
-refusal (``agentruns.exceptions``) before anything changed (RUNS.md §10).
+refusal (``agentruns.exceptions``) before anything changed (docs/design.md §11.1).
 """
 
 from __future__ import annotations
@@ -364,7 +364,7 @@ def run_reconcile(
     observer: EventObserver | None = None,
     on_claim: ClaimHook | None = None,
 ) -> SegmentResult:
-    """Resolve an in-doubt write (RUNS.md §8): ``landed``, ``not_landed`` or ``abandon``."""
+    """Resolve an in-doubt write (docs/design.md §9): ``landed``, ``not_landed`` or ``abandon``."""
     _require_decider(actor)
     if verdict not in RECONCILIATION_VERDICTS:
         raise InvalidRequest(
@@ -408,8 +408,7 @@ def run_cancel(*, run_uuid: UUID | str, actor: User | None = None, note: str = "
 
 def run_abandon(*, lease: Lease) -> bool:
     """Settle the run held by ``lease`` ``failed`` / ``abandoned``: its interactive client went
-    away mid-stream (RUNS.md §3.3). The segment still running under ``lease`` loses it at its next
-    boundary and stops. ``False``: nothing changed — the run already paused or ended, or a write
-    is in flight (fenced): call again after the segment's next boundary.
-    """
+    away mid-stream (docs/design.md §3.7). The segment still running under ``lease`` loses it at its
+    next boundary and stops. ``False``: nothing changed — the run already paused or ended, or a
+    write is in flight (fenced): call again after the segment's next boundary."""
     return transitions.run_abandon(lease, note="client disconnected")

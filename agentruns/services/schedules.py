@@ -1,7 +1,7 @@
 """The django-q2 schedules Leasehold needs, created or updated idempotently.
 
 Two clusters racing never enqueue one schedule twice (django-q2's scheduler locks due rows), and
-the reaper tolerates overlapping with itself anyway (RUNS.md §7).
+the reaper tolerates overlapping with itself anyway (docs/design.md §8.5).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Remote tools over MCP: discovery, the registry resolver and the call (RUNS.md §5).
+"""Remote tools over MCP: discovery, the registry resolver and the call (docs/design.md §4.5).
 
 Owns how an operator-registered ``McpServer`` is reached with the official ``mcp`` SDK (2.x),
 how its tools are named in the registry (``mcp__<server>__<tool>``) and what a call returns.

@@ -1,4 +1,5 @@
-"""The tool registry: code declares each tool's name, schema, description and effect (RUNS.md §5).
+"""The tool registry: code declares each tool's name, schema, description and effect (docs/design.md
+§4.1).
 
 Owns the definitions of tools, how a name resolves to a tool (static tools first, then dynamic
 resolvers such as MCP servers) and how one call is validated and executed. It must never stamp,
@@ -47,7 +48,7 @@ class ToolDefinitionError(ImproperlyConfigured):
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a tool call receives beside its arguments (RUNS.md §5)."""
+    """What a tool call receives beside its arguments (docs/design.md §4.3)."""
 
     run_uuid: UUID
     call_id: str
@@ -121,8 +122,8 @@ def check_tool(tool: Tool) -> None:
 
     Refuses: a name outside ``^[a-zA-Z0-9_-]{1,64}$``; an empty description; a non-callable
     func; parameters or input_schema that are not valid object schemas; an ``input_schema`` on a
-    write tool (RUNS.md §6); an input property the parameters would reject after the overlay.
-    """
+    write tool (docs/design.md §4.1); an input property the parameters would reject after the
+    overlay."""
     if not isinstance(tool.name, str) or not TOOL_NAME_RE.fullmatch(tool.name):
         raise ToolDefinitionError(
             f"tool name {tool.name!r} must match {TOOL_NAME_RE.pattern} (letters, digits, _ and -)"
@@ -277,7 +278,7 @@ class ToolRegistry:
 
     def select(self, allowed: Sequence[str]) -> list[Tool]:
         """The tools a configuration may use: ``allowed`` names in order (unknown ones skipped);
-        an empty allow-list means every tool (RUNS.md §2.1)."""
+        an empty allow-list means every tool (docs/design.md §4.2)."""
         if not allowed:
             return self.all()
         tools = []

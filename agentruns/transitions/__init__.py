@@ -1,4 +1,4 @@
-"""Every guarded write on a run's status, lease and fence columns (RUNS.md §3.2).
+"""Every guarded write on a run's status, lease and fence columns (docs/design.md §2).
 
 Each state change is one filtered ``UPDATE`` whose ``WHERE`` is the guard and whose row count is
 the verdict, or — for a decision that must read, check and claim — one transaction holding the

@@ -80,7 +80,7 @@ def run_settle_undispatched(
     *, run_id: int, lease_epoch: int, error: Mapping[str, Any], segment: str, event: EventSpec
 ) -> bool:
     """Settle a run the reaper reclaimed but whose wake-up could not be sent: ``failed`` /
-    ``not_retryable``, never left ``queued`` with nothing to wake it (RUNS.md §7, rule 4).
+    ``not_retryable``, never left ``queued`` with nothing to wake it (docs/design.md §8.3).
 
     Guard: ``queued``, unclaimed and still at ``lease_epoch`` (the epoch the reclaim left), so a
     worker that claimed it meanwhile (a stale or duplicate task) keeps it. ``False``: skip.

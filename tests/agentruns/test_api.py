@@ -1,4 +1,4 @@
-"""The HTTP API (RUNS.md §11): every endpoint, every refusal, and the typed JSON errors."""
+"""The HTTP API (docs/design.md §11.2): every endpoint, every refusal, and the typed JSON errors."""
 
 from __future__ import annotations
 

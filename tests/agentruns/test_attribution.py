@@ -1,5 +1,5 @@
-"""Approval attribution (RUNS.md §6): the classification, the ranking, and the selector that
-computes it for a whole page of runs in one query."""
+"""Approval attribution (docs/design.md §5.6): the classification, the ranking, and the selector
+that computes it for a whole page of runs in one query."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Crashes with real processes on PostgreSQL (RUNS.md §7, §12): every crash ends in a defined
+"""Crashes with real processes on PostgreSQL (docs/design.md §8, §13): every crash ends in a defined
 state, nothing is lost and no write runs twice.
 
 Workers are real ``manage.py qcluster`` processes on the test database with a 2-second lease

@@ -1,6 +1,5 @@
-"""What a decision reads (issue #3 §7): the waiting run once, under its row lock — the approval
-event names the calls from that locked row, and the decided run is not read back.
-"""
+"""What a decision reads (docs/design.md §6.6): the waiting run once, under its row lock — the
+approval event names the calls from that locked row, and the decided run is not read back."""
 
 from __future__ import annotations
 

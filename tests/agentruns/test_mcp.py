@@ -1,4 +1,4 @@
-"""Remote tools over MCP against a real local MCP server (RUNS.md §5, §6; issue 7)."""
+"""Remote tools over MCP against a real local MCP server (docs/design.md §4.5, §5.1)."""
 
 from __future__ import annotations
 

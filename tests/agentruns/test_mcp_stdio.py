@@ -1,4 +1,4 @@
-"""Remote tools over MCP against a real local stdio MCP server (RUNS.md §5; stdio allowed).
+"""Remote tools over MCP against a real local stdio MCP server (docs/design.md §4.5; stdio allowed).
 
 The server is ``tests/support/mcp_stdio_server.py``, started by the SDK's stdio client as a
 child process for every listing and every call (``McpServer.command``).

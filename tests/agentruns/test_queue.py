@@ -1,8 +1,7 @@
 """Queued runs on both databases: enqueue, the worker's claim, queued decisions, failure recovery
-with the retry classes and exponential backoff of RUNS.md §9, and the budget shared with the
-reaper. The tasks are called in-process here; real ``qcluster`` processes are in
-``test_crash.py``.
-"""
+with the retry classes and exponential backoff of docs/design.md §7.1, §7.2, and the budget shared
+with the reaper. The tasks are called in-process here; real ``qcluster`` processes are in
+``test_crash.py``."""
 
 from __future__ import annotations
 
@@ -172,7 +171,7 @@ def test_a_queued_decision_is_recorded_and_continued_by_a_worker(on_commit):
     assert write.lease_epoch == 2 and write.segment.startswith("worker:")
 
 
-# --- Failure recovery (RUNS.md §9) -------------------------------------------------------------
+# --- Failure recovery (docs/design.md §7.2) -------------------------------------------------------
 
 
 def test_a_retryable_failure_is_requeued_with_exponential_backoff_until_the_budget(on_commit):

@@ -1,4 +1,5 @@
-"""The reaper's rules (RUNS.md §7) on whichever database the suite runs on (SQLite and PostgreSQL).
+"""The reaper's rules (docs/design.md §8.2) on whichever database the suite runs on (SQLite and
+PostgreSQL).
 
 Races between reapers and crashes of real processes are in ``test_crash.py``.
 """

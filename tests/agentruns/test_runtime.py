@@ -759,7 +759,7 @@ def _writes_of(run_script, configuration) -> Counter:
 
 
 def test_a_read_round_costs_one_lease_update_per_boundary(probes):
-    """The statement budget of RUNS.md / issue #3 §7: per read round (request, answer, tool
+    """The statement budget of docs/design.md §6.6: per read round (request, answer, tool
     result) the lease costs one guarded UPDATE per boundary; the tool result and the next request
     share one boundary."""
     configuration = config()

@@ -1,4 +1,4 @@
-"""Races between guarded writes, with real threads on PostgreSQL (RUNS.md §3.2, §12).
+"""Races between guarded writes, with real threads on PostgreSQL (docs/design.md §2.2, §13).
 
 Each thread opens its own connection before meeting the others on a ``threading.Barrier``, so
 the competing statements reach the server together; each closes its connection at the end.

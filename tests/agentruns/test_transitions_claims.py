@@ -1,4 +1,4 @@
-"""A run's birth and its claims (RUNS.md §3.2): ``run_start``, ``run_enqueue``,
+"""A run's birth and its claims (docs/design.md §2.3): ``run_start``, ``run_enqueue``,
 ``run_claim_queued`` — what each sets, and each "0 rows" case of its guard.
 
 A refused write must change nothing: the tests compare the whole row (and the event stream)

@@ -1,6 +1,5 @@
-"""Human decisions (RUNS.md §3.2): ``run_decide`` on approval, input and reconciliation waits,
-and ``run_reconcile_abandon`` — stale turns, double decisions, refusing checks.
-"""
+"""Human decisions (docs/design.md §2.3, §5.4): ``run_decide`` on approval, input and reconciliation
+waits, and ``run_reconcile_abandon`` — stale turns, double decisions, refusing checks."""
 
 from __future__ import annotations
 

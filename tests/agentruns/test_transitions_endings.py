@@ -1,4 +1,4 @@
-"""How runs end (RUNS.md §3.2): ``run_settle`` (own, stale-only, unguarded), ``run_cancel``
+"""How runs end (docs/design.md §2.3): ``run_settle`` (own, stale-only, unguarded), ``run_cancel``
 and ``run_notice_cancel``; terminal is terminal.
 """
 

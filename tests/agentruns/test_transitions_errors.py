@@ -1,4 +1,4 @@
-"""Database errors inside a guarded write (RUNS.md §3.2): a constraint or sequence collision
+"""Database errors inside a guarded write (docs/design.md §2.2): a constraint or sequence collision
 becomes ``StateWriteFailed`` and the whole transition rolls back.
 """
 

@@ -1,4 +1,4 @@
-"""The reaper's writes (RUNS.md §3.2): ``run_reclaim_stale`` and ``run_mark_in_doubt``, each
+"""The reaper's writes (docs/design.md §2.3): ``run_reclaim_stale`` and ``run_mark_in_doubt``, each
 guarded by the lease being stale at the moment of the update.
 """
 

@@ -1,4 +1,4 @@
-"""A segment's own writes (RUNS.md §3.2): heartbeat, fence, suspend, requeue — and every one
+"""A segment's own writes (docs/design.md §2.3): heartbeat, fence, suspend, requeue — and every one
 of them, made with a lost lease or by a zombie whose run was reclaimed, matching nothing.
 """
 

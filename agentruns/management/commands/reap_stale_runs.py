@@ -1,4 +1,4 @@
-"""``manage.py reap_stale_runs [--limit N] [--dry-run]``: one reaper pass (RUNS.md §7)."""
+"""``manage.py reap_stale_runs [--limit N] [--dry-run]``: one reaper pass (docs/design.md §8.5)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 ``LeaseTicker`` renews its lease every third of the lease while its block runs. A renewal that
 matches no row marks the lease lost; the segment checks ``lost`` after the call and stops
-before its next side effect (RUNS.md §4).
+before its next side effect (docs/design.md §3.3).
 
 The renewals are made by one daemon thread per process (``_Scheduler``), on its own database
 connection, closed after each batch of renewals. Entering and leaving a ticker only registers

@@ -1,4 +1,4 @@
-"""Rebuilding a run's dialogue and loop state from what is stored (RUNS.md §2.3, issue #3 §6).
+"""Rebuilding a run's dialogue and loop state from what is stored (docs/design.md §6.5).
 
 The event stream is the transcript: every ``llm`` event becomes an assistant message and every
 ``tool`` event a tool message, in sequence order. A continuing segment in any process therefore
