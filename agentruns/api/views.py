@@ -159,7 +159,8 @@ class DecisionView(LeaseholdAPIView):
         responses=_DECISION_RESPONSES,
         description="Approve or deny the pending turn. inline: 200 with the run after the "
         "continuation; queued: 202. 409: stale or missing digest, already decided, not "
-        "waiting. 403: not permitted, or self-approval under four-eyes.",
+        "waiting, or unreadable_state (the stored turn does not match its digest: it can only "
+        "be cancelled). 403: not permitted, or self-approval under four-eyes.",
     )
 )
 class RunDecisionView(DecisionView):
