@@ -184,6 +184,13 @@ class McpServerAdmin(admin.ModelAdmin):
     def sync_tools(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
         for server in queryset:
             result = mcp_server_sync(server=server)
-            detail = f"{len(result.snapshot)} tools" if result.ok else result.error
-            level = messages.SUCCESS if result.ok else messages.ERROR
-            self.message_user(request, f"{result.server_name}: {detail}", level)
+            if not result.ok:
+                self.message_user(request, f"{result.server_name}: {result.error}", messages.ERROR)
+                continue
+            detail = f"{len(result.snapshot)} tools"
+            skipped = "; ".join(f"skipped {name!r}: {problem}" for name, problem in result.skipped)
+            self.message_user(
+                request,
+                f"{result.server_name}: {detail}" + (f" ({skipped})" if skipped else ""),
+                messages.WARNING if skipped else messages.SUCCESS,
+            )

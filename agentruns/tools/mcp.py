@@ -266,7 +266,8 @@ def _hints(remote: Any) -> dict[str, Any]:
 
 def build_snapshot(server_name: str, remote_tools: list[Any]) -> list[dict[str, Any]]:
     """What ``tools_snapshot`` stores for each remote tool; a tool the registry would refuse
-    (for example a schema that is not an object schema) is kept with its ``problem``."""
+    (a schema that is not an object schema, or one that refers outside itself: nothing is
+    fetched) is kept with its ``problem`` and never offered."""
     taken: set[str] = set()
     snapshot = []
     for remote in remote_tools:

@@ -121,7 +121,8 @@ def check_tool(tool: Tool) -> None:
     """Raise ``ToolDefinitionError`` unless ``tool`` is a definition the registry may hold.
 
     Refuses: a name outside ``^[a-zA-Z0-9_-]{1,64}$``; an empty description; a non-callable
-    func; parameters or input_schema that are not valid object schemas; an ``input_schema`` on a
+    func; parameters or input_schema that are not valid object schemas (``check_schema``: a
+    pattern that does not compile, a reference outside the schema); an ``input_schema`` on a
     write tool (docs/design.md §4.1); an input property the parameters would reject after the
     overlay."""
     if not isinstance(tool.name, str) or not TOOL_NAME_RE.fullmatch(tool.name):
@@ -378,7 +379,8 @@ def argument_errors(tool: Tool, arguments: Any) -> str | None:
     """Why ``arguments`` may not be passed to ``tool`` (a message the model can act on), or None.
 
     Non-object arguments, the provider's ``_unparsed_arguments`` marker (the model sent text
-    that is not JSON) and schema violations are refused.
+    that is not JSON) and schema violations are refused, and so is every call of a tool whose
+    schema cannot be applied (``InvalidSchema``: a definition that bypassed ``check_tool``).
     """
     if not isinstance(arguments, Mapping):
         return (
@@ -391,7 +393,10 @@ def argument_errors(tool: Tool, arguments: Any) -> str | None:
             f"arguments for tool {tool.name!r} were not valid JSON ({raw!r}); "
             "call it again with a JSON object matching its schema"
         )
-    problems = schema_errors(tool.parameters, dict(arguments))
+    try:
+        problems = schema_errors(tool.parameters, dict(arguments))
+    except InvalidSchema as exc:
+        return f"tool {tool.name!r} cannot be called: its argument schema is unusable ({exc})"
     if problems:
         return f"invalid arguments for tool {tool.name!r}: " + "; ".join(map(str, problems))
     return None
@@ -428,6 +433,7 @@ def invoke_tool(tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
 def validate_input(tool: Tool, values: Any) -> list[SchemaError]:
     """Problems with human-supplied ``values`` for ``tool.input_schema`` (``input_errors``);
     empty when valid. A tool without an input schema accepts no input (one error says so).
+    Raises ``InvalidSchema`` for a schema that cannot be applied.
     """
     if tool.input_schema is None:
         return [SchemaError((), f"tool {tool.name!r} takes no human input")]

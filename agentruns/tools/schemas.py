@@ -6,6 +6,11 @@ the model's tool message, the API's 422 body, the input forms' field errors. No 
 message back. It knows nothing about tools, runs or the registry; it must never touch the
 database.
 
+References stay inside the schema: ``check_schema`` refuses a ``$ref`` (``$dynamicRef``,
+``$recursiveRef``) that does not start with ``#``, and validation resolves references through a
+registry that retrieves nothing, so no schema ever makes Leasehold fetch a URL (jsonschema's
+default downloads a remote reference, with no timeout and no allowlist).
+
 A path is the list of keys leading from the validated object to the value that failed: strings
 for object properties, integers for array items (``("tags", 2)``: item 2 of ``tags``); the empty
 path is the object itself. As JSON it is an array (``["tags", 2]``), so a key holding ``/`` or
@@ -14,14 +19,16 @@ path is the object itself. As JSON it is an array (``["tags", 2]``), so a key ho
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from jsonschema import Draft202012Validator
-from jsonschema import exceptions as jsonschema_exceptions
 from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
+from referencing import Registry
+from referencing.exceptions import Unresolvable
 
 # At most this many errors are reported for one instance, so a huge instance cannot flood a
 # transcript or a page; an extra last entry says how many more were left out.
@@ -29,6 +36,14 @@ MAX_REPORTED_ERRORS = 5
 MAX_MESSAGE_CHARS = 300
 
 PathPart = str | int
+
+# The keys whose string value is a reference to another schema.
+REFERENCE_KEYS = ("$ref", "$dynamicRef", "$recursiveRef")
+
+# Every validation resolves references here: the schema itself (and the bundled metaschemas,
+# which jsonschema adds) and nothing else — its ``retrieve`` refuses every URI, so an
+# unresolvable reference is an ``InvalidSchema``, never a download.
+_NO_RETRIEVAL: Registry[Any] = Registry()
 
 
 class InvalidSchema(ValueError):
@@ -65,22 +80,60 @@ def _validator_class(schema: Mapping[str, Any]) -> type[Validator]:
     return validator_for(schema, default=Draft202012Validator)
 
 
+def remote_references(schema: Any) -> list[str]:
+    """The references in ``schema`` that point outside it, in the order found: every string value
+    of a ``REFERENCE_KEYS`` key, at any depth, that does not start with ``#``. A key's value that
+    is not a string (a property *named* ``$ref``) is not a reference."""
+    found: list[str] = []
+    stack: list[Any] = [schema]
+    while stack:  # iterative: a deeply nested schema cannot exhaust the stack
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                if key in REFERENCE_KEYS and isinstance(value, str):
+                    if not value.startswith("#") and value not in found:
+                        found.append(value)
+                elif isinstance(value, Mapping | list):
+                    stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
+    return found
+
+
+def _metaschema_error(schema: Mapping[str, Any]) -> str | None:
+    """The first way ``schema`` breaks its draft's metaschema (formats checked, so a ``pattern``
+    must compile), or None. jsonschema's ``check_schema``, resolving through ``_NO_RETRIEVAL``."""
+    draft = _validator_class(schema)
+    meta = validator_for(draft.META_SCHEMA, default=draft)
+    checker = meta(draft.META_SCHEMA, registry=_NO_RETRIEVAL, format_checker=meta.FORMAT_CHECKER)
+    for error in checker.iter_errors(schema):
+        return error.message
+    return None
+
+
 def check_schema(schema: Any, *, what: str) -> None:
     """Raise ``InvalidSchema`` unless ``schema`` is a valid object schema.
 
     An object schema is a mapping with ``"type": "object"`` and, if present, a mapping of
-    ``properties``: tool arguments and human input are always JSON objects.
+    ``properties``: tool arguments and human input are always JSON objects. Every ``pattern``
+    must compile (the metaschema's ``regex`` format) and every reference must be local
+    (``remote_references`` is empty): a schema may not make Leasehold fetch anything.
     """
     if not isinstance(schema, Mapping):
         raise InvalidSchema(f"{what} must be a JSON schema object, got {type(schema).__name__}")
-    try:
-        _validator_class(schema).check_schema(schema)  # type: ignore[arg-type]  # stubs: dict only
-    except jsonschema_exceptions.SchemaError as exc:
-        raise InvalidSchema(f"{what} is not a valid JSON schema: {exc.message}") from exc
+    problem = _metaschema_error(schema)
+    if problem is not None:
+        raise InvalidSchema(f"{what} is not a valid JSON schema: {problem}")
     if schema.get("type") != "object":
         raise InvalidSchema(f'{what} must have "type": "object"')
     if not isinstance(schema.get("properties", {}), Mapping):
         raise InvalidSchema(f'{what} "properties" must be an object')
+    remote = remote_references(schema)
+    if remote:
+        raise InvalidSchema(
+            f"{what} refers to {_short(remote[0])!r}: only references inside the schema "
+            "(starting with '#') are allowed"
+        )
 
 
 def _short(text: str) -> str:
@@ -103,15 +156,24 @@ def schema_errors(schema: Mapping[str, Any], instance: Any) -> list[SchemaError]
     is reported at the object that lacks it. Messages are cut at ``MAX_MESSAGE_CHARS``. At most
     ``MAX_REPORTED_ERRORS`` errors; when more were found, one more entry at the root path,
     ``"... and N more"``, says how many were left out.
+
+    Nothing is retrieved: a reference the schema does not itself contain, or a ``pattern``
+    Python cannot compile, raises ``InvalidSchema`` (the schema is unusable; a schema that
+    passed ``check_schema`` has no such pattern and no remote reference).
     """
-    validator = _validator_class(schema)(schema)
-    found = sorted(
-        (
-            SchemaError(tuple(e.absolute_path), _short(e.message))
-            for e in validator.iter_errors(instance)
-        ),
-        key=_order,
-    )
+    validator = _validator_class(schema)(schema, registry=_NO_RETRIEVAL)
+    try:
+        found = sorted(
+            (
+                SchemaError(tuple(e.absolute_path), _short(e.message))
+                for e in validator.iter_errors(instance)
+            ),
+            key=_order,
+        )
+    except Unresolvable as exc:
+        raise InvalidSchema(f"the schema has a reference that does not resolve: {exc}") from exc
+    except re.error as exc:
+        raise InvalidSchema(f"the schema has a pattern that does not compile: {exc}") from exc
     if len(found) <= MAX_REPORTED_ERRORS:
         return found
     left_out = len(found) - MAX_REPORTED_ERRORS
@@ -120,7 +182,7 @@ def schema_errors(schema: Mapping[str, Any], instance: Any) -> list[SchemaError]
 
 def input_errors(schema: Mapping[str, Any], values: Any) -> list[SchemaError]:
     """``schema_errors`` for values a human supplies: they must be an object (one error at the
-    root says so otherwise), then match ``schema``."""
+    root says so otherwise), then match ``schema``. ``InvalidSchema`` as ``schema_errors``."""
     if not isinstance(values, Mapping):
         return [SchemaError((), f"values must be an object, got {type(values).__name__}")]
     return schema_errors(schema, dict(values))

@@ -44,6 +44,7 @@ from agentruns.tools.mcp import (
     server_name_of,
 )
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
+from tests.support.http_recorder import HTTPRecorder
 from tests.support.mcp_server import TicketServer, free_port
 
 TICKET = "mcp__tix__create_ticket"
@@ -197,6 +198,42 @@ def test_sync_of_an_unreachable_server_records_the_error() -> None:
     result = mcp_server_sync(server=row)  # a failure is recorded and returned, not raised
     assert not result.ok and result.snapshot == []
     assert "listing tools failed" in result.error and row.last_sync_error == result.error
+
+
+@pytest.mark.django_db
+def test_a_tool_whose_schema_refers_outside_it_is_skipped_by_the_sync_and_never_fetched(
+    mcp_server: TicketServer, http_recorder: HTTPRecorder, client: Any
+) -> None:
+    remote = http_recorder.url("/x.json")
+    mcp_server.offer("lookup", {"type": "object", "properties": {"q": {"$ref": remote}}})
+    make_server(mcp_server.url)
+    out = StringIO()
+    call_command("sync_mcp_tools", "--server", "tix", stdout=out)
+    row = McpServer.objects.get(name="tix")
+    by_name = {e["name"]: e for e in row.tools_snapshot}
+    problem = by_name["lookup"]["problem"]
+    assert remote in problem and "only references inside the schema" in problem
+    assert f"skipped 'lookup': {problem}" in out.getvalue()
+    assert row.last_sync_error == ""  # the other tools synced
+    assert registry.get("mcp__tix__lookup") is None
+    assert registry.get(TICKET) is not None
+
+    # The admin's "Sync tools" says so too.
+    client.force_login(UserFactory(is_superuser=True))
+    response = client.post(
+        "/admin/agentruns/mcpserver/",
+        {"action": "sync_tools", "_selected_action": [row.pk]},
+        follow=True,
+    )
+    [message] = [str(m) for m in response.context["messages"]]
+    assert message.startswith("tix: 4 tools (skipped 'lookup': ") and remote in message
+
+    # A snapshot stored before the rule (no problem recorded) is refused at lookup too.
+    by_name["lookup"]["problem"] = ""
+    McpServer.objects.filter(pk=row.pk).update(tools_snapshot=list(by_name.values()))
+    assert registry.get("mcp__tix__lookup") is None
+    assert "mcp__tix__lookup" not in {t.name for t in registry.all()}
+    assert http_recorder.requests == []
 
 
 def test_a_tool_whose_schema_the_registry_refuses_is_kept_but_not_registered() -> None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
+
+import pytest
 
 from agentruns.exceptions import InvalidInput
 from agentruns.models import Effect
@@ -13,10 +16,14 @@ from agentruns.tools.registry import Tool, ToolContext, invoke_tool
 from agentruns.tools.schemas import (
     MAX_MESSAGE_CHARS,
     MAX_REPORTED_ERRORS,
+    InvalidSchema,
     SchemaError,
+    check_schema,
     input_errors,
+    remote_references,
     schema_errors,
 )
+from tests.support.http_recorder import HTTPRecorder
 
 ORDER = {
     "type": "object",
@@ -143,3 +150,85 @@ def test_invalid_input_carries_typed_errors_and_json_detail():
         "errors": [{"path": ["title"], "message": "3 is not of type 'string'"}],
     }
     assert InvalidInput().as_dict()["errors"] == []
+
+
+# --- References stay inside the schema -------------------------------------------------------
+
+
+def referring_to(url: str) -> dict[str, Any]:
+    return {"type": "object", "properties": {"a": {"$ref": url}}}
+
+
+def test_validation_never_fetches_a_remote_reference(http_recorder: HTTPRecorder):
+    # The recorder would answer with a schema; nothing may ask it for one.
+    schema = referring_to(http_recorder.url("/x.json"))
+    with pytest.raises(InvalidSchema, match="does not resolve"):
+        schema_errors(schema, {"a": 1})
+    with pytest.raises(InvalidSchema):
+        input_errors(schema, {"a": 1})
+    assert http_recorder.requests == []
+
+
+def test_a_tool_whose_schema_refers_outside_it_is_never_run_and_fetches_nothing(
+    http_recorder: HTTPRecorder,
+):
+    ran = []
+    # Built directly: check_tool (which refuses it) never saw this definition.
+    tool = Tool(
+        "fetchy",
+        "Refers outside.",
+        referring_to(http_recorder.url("/x.json")),
+        Effect.READ,
+        lambda ctx, args: ran.append(args),
+    )
+    result = invoke_tool(tool, {"a": 1}, ToolContext(uuid.uuid4(), "call-1", None, 1, 1.0))
+    assert not result.ok and "its argument schema is unusable" in result.error
+    assert ran == [] and http_recorder.requests == []
+
+
+def test_local_references_resolve_without_a_registry_of_ours():
+    schema = {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/code"}},
+        "$defs": {"code": {"type": "string"}},
+    }
+    check_schema(schema, what="s")
+    assert schema_errors(schema, {"a": 1}) == [SchemaError(("a",), "1 is not of type 'string'")]
+    with pytest.raises(InvalidSchema, match="does not resolve"):
+        schema_errors(referring_to("#/$defs/missing"), {"a": 1})
+
+
+@pytest.mark.parametrize(
+    "reference",
+    [
+        "http://127.0.0.1:8783/x.json",
+        "https://json-schema.org/draft/2020-12/schema",
+        "other.json",
+        "other.json#/$defs/x",
+        "/abs/path.json",
+        "urn:example:thing",
+        "",
+    ],
+)
+def test_check_schema_refuses_every_reference_not_starting_with_a_hash(reference):
+    with pytest.raises(InvalidSchema, match="only references inside the schema"):
+        check_schema(referring_to(reference), what="tool 't' parameters")
+
+
+def test_references_are_found_at_any_depth_and_under_every_reference_key():
+    schema = {
+        "type": "object",
+        "properties": {
+            "$ref": {"type": "string"},  # a property named $ref is not a reference
+            "list": {"type": "array", "items": {"anyOf": [{"$ref": "#"}, {"$ref": "a.json"}]}},
+            "dynamic": {"$dynamicRef": "b.json#meta"},
+        },
+        "$defs": {"deep": {"allOf": [{"not": {"$ref": "http://x/c.json"}}]}},
+    }
+    assert sorted(remote_references(schema)) == ["a.json", "b.json#meta", "http://x/c.json"]
+    with pytest.raises(InvalidSchema):
+        check_schema(schema, what="s")
+    nested: dict[str, Any] = {"$ref": "http://x/deep.json"}
+    for _ in range(5000):  # deeper than the interpreter's recursion limit
+        nested = {"items": nested}
+    assert remote_references(nested) == ["http://x/deep.json"]

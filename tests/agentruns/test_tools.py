@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from typing import Any
 
@@ -111,11 +112,31 @@ def test_input_keys_the_parameters_reject_are_refused() -> None:
 
 @pytest.mark.parametrize(
     "parameters",
-    [{"type": "object", "properties": 3}, {"type": "strnig"}, {"type": "array"}, "object"],
+    [
+        {"type": "object", "properties": 3},
+        {"type": "strnig"},
+        {"type": "array"},
+        "object",
+        {"type": "object", "properties": {"code": {"type": "string", "pattern": "(unclosed"}}},
+    ],
 )
 def test_invalid_schemas_are_refused(parameters: Any) -> None:
     with pytest.raises(ToolDefinitionError):
         ToolRegistry().register(Tool("p", "d", parameters, Effect.READ, double))
+
+
+@pytest.mark.parametrize("where", ["parameters", "input_schema"])
+def test_a_schema_referring_outside_itself_is_refused_at_registration(where: str) -> None:
+    remote = {
+        "type": "object",
+        "properties": {"answer": {"$ref": "http://127.0.0.1:8783/x.json"}},
+    }
+    fields: dict[str, Any] = {"parameters": ARGS, "input_schema": None, where: remote}
+    defined = Tool("remote", "d", effect=Effect.READ, func=double, **fields)
+    with pytest.raises(ToolDefinitionError, match=re.escape("http://127.0.0.1:8783/x.json")):
+        ToolRegistry().register(defined)
+    with pytest.raises(ToolDefinitionError, match="only references inside the schema"):
+        tool(name="remote", description="d", effect=Effect.READ, **fields)(double)
 
 
 def test_unknown_effect_is_refused() -> None:

@@ -9,6 +9,9 @@ offers three tools:
 * ``echo(text)`` — returns the text (also recorded).
 * ``fail()`` — answers with ``isError``.
 
+``offer(name, input_schema)`` lists one more tool declaring exactly that schema (one the SDK
+would never derive from a signature, such as a remote ``$ref``).
+
 ``hold()`` makes every tool call wait (after recording it) until ``release()`` — so a test can
 inspect the run row while the server holds the call. ``calls`` lists the recorded tool calls;
 ``http_requests`` counts every HTTP request that reached the server. Use the ``mcp_server``
@@ -55,6 +58,7 @@ class TicketServer:
         self._released = threading.Event()
         self._released.set()
         self._server: Any = None
+        self._mcp: Any = None
         self._thread: threading.Thread | None = None
 
     # -- test controls --
@@ -65,6 +69,16 @@ class TicketServer:
 
     def release(self) -> None:
         self._released.set()
+
+    def offer(self, name: str, input_schema: dict[str, Any]) -> None:
+        """From now on list a tool ``name`` whose input schema is ``input_schema``, as given."""
+
+        def offered(ctx: Context) -> str:
+            self._record(name, {}, ctx)
+            return "offered"
+
+        self._mcp.add_tool(offered, name=name, description="A tool with a hand-written schema.")
+        self._mcp._tool_manager.get_tool(name).parameters = dict(input_schema)
 
     def wait_for_calls(self, count: int, *, timeout: float = 30.0) -> list[RecordedCall]:
         deadline = time.monotonic() + timeout
@@ -117,7 +131,8 @@ class TicketServer:
     def start(self) -> None:
         import uvicorn
 
-        app = self._build().streamable_http_app(host="127.0.0.1")
+        self._mcp = self._build()
+        app = self._mcp.streamable_http_app(host="127.0.0.1")
 
         async def counting(scope: dict, receive: Any, send: Any) -> None:
             if scope["type"] == "http":
