@@ -40,7 +40,7 @@ from agentruns.services import dispatch
 from agentruns.services.runtime.results import EventObserver, Outcome, SegmentResult
 from agentruns.services.runtime.segment import continue_segment
 from agentruns.tools import registry
-from agentruns.tools.schemas import SchemaError, input_errors
+from agentruns.tools.schemas import InvalidSchema, SchemaError, input_errors
 from agentruns.turns import (
     ApprovalDecision,
     InputDecision,
@@ -300,8 +300,12 @@ def _pending(run_uuid: UUID | str, *, waiting_in: str) -> PendingTurn | None:
 
 def validate_values(schema: dict[str, Any], values: Any) -> list[SchemaError]:
     """Validate human-supplied values against an input schema (``input_errors``: structured,
-    sorted, capped); empty if valid."""
-    return input_errors(schema, values)
+    sorted, capped); empty if valid. ``UnreadableState`` when the schema cannot be applied (a
+    reference that does not resolve): no value could ever be accepted."""
+    try:
+        return input_errors(schema, values)
+    except InvalidSchema as exc:
+        raise UnreadableState(f"its input schema cannot be used: {exc}") from None
 
 
 def run_submit_input(
@@ -317,7 +321,8 @@ def run_submit_input(
     """Supply the typed values a tool asked a human for.
 
     The values are validated against the pending input schema before anything is claimed
-    (``InvalidInput``, 422, with ``errors``); the digest binds them to that schema.
+    (``InvalidInput``, 422, with ``errors``); the digest binds them to that schema. A schema
+    that cannot be used is ``UnreadableState`` (409): unreadable when read, or refused here.
     """
     _require_decider(actor)
     identity = _mode_identity(mode)

@@ -171,7 +171,9 @@ def schema_errors(schema: Mapping[str, Any], instance: Any) -> list[SchemaError]
             key=_order,
         )
     except Unresolvable as exc:
-        raise InvalidSchema(f"the schema has a reference that does not resolve: {exc}") from exc
+        raise InvalidSchema(
+            f"the schema has a reference that does not resolve: {_short(str(exc))}"
+        ) from exc
     except re.error as exc:
         raise InvalidSchema(f"the schema has a pattern that does not compile: {exc}") from exc
     if len(found) <= MAX_REPORTED_ERRORS:

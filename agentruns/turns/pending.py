@@ -3,6 +3,8 @@ interface reads it: ``read_pending_turn``."""
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils.dateparse import parse_datetime
 
 from agentruns.models import Status
+from agentruns.tools.schemas import InvalidSchema, check_schema
 from agentruns.turns.calls import (
     APPROVAL,
     INPUT,
@@ -19,6 +22,7 @@ from agentruns.turns.calls import (
     Call,
     PendingKind,
     Unreadable,
+    canonical_json,
     turn_digest,
 )
 
@@ -142,8 +146,9 @@ class PendingTurn:
     @classmethod
     def parse(cls, raw: object, *, status: str, run_uuid: object = "") -> PendingTurn:
         """The stored pending turn of a run in ``status``; ``Unreadable`` unless its shape is
-        right, its kind matches the status and its digest is the digest of exactly the calls
-        (and input schema) it shows."""
+        right, its kind matches the status, its digest is the digest of exactly the calls (and
+        input schema) it shows and an input schema passes ``check_schema`` (a pattern that does
+        not compile or a reference outside the schema could never validate a value)."""
         expected = _KIND_FOR_STATUS.get(status)
         if expected is None:
             raise Unreadable(f"the run is not waiting (it is {status})")
@@ -169,6 +174,9 @@ class PendingTurn:
             if not isinstance(schema, dict):
                 raise Unreadable("it has no input schema")
             _check_digest(digest, turn_digest([call], input_schema=schema))
+            problem = _input_schema_problem(canonical_json(schema))
+            if problem:
+                raise Unreadable(problem)
             order = raw.get("field_order")
             return cls(
                 kind=INPUT,
@@ -193,6 +201,17 @@ class PendingTurn:
             lease_epoch=epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
             lease_expired_at=parse_datetime(expired) if isinstance(expired, str) else None,
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _input_schema_problem(canonical: str) -> str:
+    """Why a stored input schema (its canonical JSON) cannot be used, or ``""``. Cached: every
+    read of a waiting run parses its turn, and the metaschema check costs about a millisecond."""
+    try:
+        check_schema(json.loads(canonical), what="its input schema")
+    except InvalidSchema as exc:
+        return str(exc)
+    return ""
 
 
 def _check_digest(stored: str, computed: str) -> None:

@@ -11,6 +11,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from agentruns.models import AgentRun, EventKind, Status
+from agentruns.turns import turn_digest
 from playground.models import Note
 from tests.agentruns.api_support import digest, in_doubt, waiting_for_approval, waiting_for_input
 from tests.agentruns.factories import UserFactory
@@ -112,3 +113,107 @@ def test_a_tampered_reconciliation_takes_no_verdict(api):
     assert run.status == Status.WAITING_FOR_RECONCILIATION
     assert run.pending_effect == "non_idempotent_write"
     assert not run.events.filter(kind=EventKind.RECONCILIATION).exists()
+
+
+# --- An input schema that cannot be used ---------------------------------------------------------
+
+UNUSABLE_SCHEMAS = {
+    "a pattern Python cannot compile": {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "pattern": "(unclosed", "title": "Answer"}},
+    },
+    "a property pattern Python cannot compile": {
+        "type": "object",
+        "properties": {"answer": {"type": "string"}},
+        "patternProperties": {"[a-": {"type": "string"}},
+    },
+    "a reference outside the schema": {
+        "type": "object",
+        "properties": {"answer": {"$ref": "http://127.0.0.1:9/answer.json"}},
+    },
+}
+
+
+def with_input_schema(run: AgentRun, schema: dict) -> str:
+    """Store ``schema`` as the run's input schema with its honest digest; the digest."""
+    turn = dict(run.pending_turn)
+    call = {key: turn["call"][key] for key in ("id", "name", "arguments")}
+    turn["input_schema"] = schema
+    turn["turn_digest"] = turn_digest([call], input_schema=schema)
+    AgentRun.objects.filter(pk=run.pk).update(pending_turn=turn)
+    return turn["turn_digest"]
+
+
+@pytest.mark.parametrize("schema", UNUSABLE_SCHEMAS.values(), ids=UNUSABLE_SCHEMAS.keys())
+def test_an_unusable_input_schema_is_a_readable_refusal_everywhere(api, client, staff, schema):
+    run = waiting_for_input()
+    turn_digest = with_input_schema(run, schema)
+
+    response = api.post(
+        f"/api/runs/{run.uuid}/input/",
+        {"values": {"answer": "blue"}, "turn_digest": turn_digest},
+        format="json",
+    )
+    assert response.status_code == 409, response.content
+    assert response.json()["code"] == "unreadable_state"
+    assert "input schema" in response.json()["message"]
+
+    client.force_login(staff)
+    posted = client.post(
+        f"/admin/approvals/runs/{run.uuid}/input/",
+        {f"run{run.pk}-f0": "blue", "turn_digest": turn_digest},
+        follow=True,
+    )
+    assert posted.status_code == 200
+    assert [str(m) for m in posted.context["messages"]] == [
+        "This run's stored state cannot be read — nothing was changed."
+    ]
+    inbox = client.get("/admin/approvals/").content.decode()
+    playground = client.get(f"/playground/runs/{run.uuid}/").content.decode()
+    for page in (inbox, playground):
+        assert "cannot be read" in page and "input schema" in page
+        assert turn_digest not in page  # no control carries the digest
+    shown = api.get(f"/api/runs/{run.uuid}/").json()["pending_turn"]
+    assert shown["kind"] == "unreadable" and "input schema" in shown["problem"]
+
+    run.refresh_from_db()
+    assert run.status == Status.WAITING_FOR_INPUT
+    assert not run.events.filter(kind=EventKind.INPUT).exists()
+
+
+def test_an_input_schema_whose_reference_does_not_resolve_is_refused_on_submit(api, client, staff):
+    # A local reference passes every check until a value meets it: refused then, never a 500.
+    run = waiting_for_input()
+    answer = {"type": "string", "allOf": [{"$ref": "#/$defs/missing"}]}
+    schema = {"type": "object", "properties": {"answer": answer}}
+    turn_digest = with_input_schema(run, schema)
+    body = {"values": {"answer": "blue"}, "turn_digest": turn_digest}
+
+    response = api.post(f"/api/runs/{run.uuid}/input/", body, format="json")
+    assert response.status_code == 409, response.content
+    assert response.json()["code"] == "unreadable_state"
+    assert response.json()["message"].startswith(
+        "its input schema cannot be used: the schema has a reference that does not resolve"
+    )
+
+    client.force_login(staff)
+    posted = client.post(
+        f"/admin/approvals/runs/{run.uuid}/input/",
+        {f"run{run.pk}-f0": "blue", "turn_digest": turn_digest},
+        follow=True,
+    )
+    assert [str(m) for m in posted.context["messages"]] == [
+        "This run's stored state cannot be read — nothing was changed."
+    ]
+    played = client.post(
+        f"/playground/runs/{run.uuid}/input/",
+        {"value-f0": "blue", "turn_digest": turn_digest},
+        follow=True,
+    )
+    assert played.status_code == 200
+    [message] = [str(m) for m in played.context["messages"]]
+    assert message.startswith("its input schema cannot be used")
+
+    run.refresh_from_db()
+    assert run.status == Status.WAITING_FOR_INPUT
+    assert not run.events.filter(kind=EventKind.INPUT).exists()
