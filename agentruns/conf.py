@@ -33,6 +33,11 @@ DEFAULTS: dict[str, Any] = {
     "WEBHOOK_ALLOWLIST": [],
     # Whether MCP servers may be started as local processes (stdio transport).
     "MCP_STDIO_ALLOWED": False,
+    # The prefixes an environment variable's name must start with for a configuration
+    # (api_key_env) or an MCP server (headers_env) to read a secret from it; anything else
+    # (DJANGO_SECRET_KEY, DATABASE_URL…) is refused when saved and when read. Case-sensitive;
+    # empty entries are ignored, so an empty list allows no secret at all.
+    "SECRET_ENV_PREFIXES": ["LEASEHOLD_"],
     # How often (minutes) django-q2 runs the stale-run reaper.
     "REAPER_INTERVAL_MINUTES": 1,
 }

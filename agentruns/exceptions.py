@@ -116,3 +116,10 @@ class UnreadableState(LeaseholdError):
 
     code = "unreadable_state"
     status = 409
+
+
+class SecretEnvRefused(LeaseholdError):
+    """That environment variable may not hold a secret for Leasehold."""
+
+    code = "secret_env_refused"
+    status = 400

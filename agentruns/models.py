@@ -14,6 +14,8 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
+from agentruns.secrets import secret_env_problem
+
 
 class Provider(models.TextChoices):
     SCRIPTED = "scripted", "Scripted (plays a fixed list of turns)"
@@ -94,7 +96,11 @@ class AgentConfiguration(models.Model):
     api_key_env = models.CharField(
         max_length=100,
         blank=True,
-        help_text="Name of the environment variable holding the API key (never the key itself).",
+        help_text=(
+            "Name of the environment variable holding the API key (never the key itself), "
+            "starting with an allowed prefix (AGENTRUNS['SECRET_ENV_PREFIXES'], by default "
+            "LEASEHOLD_)."
+        ),
     )
     timeout_seconds = models.PositiveIntegerField(default=30, help_text="Provider call timeout.")
     system_prompt = models.TextField(blank=True)
@@ -117,6 +123,12 @@ class AgentConfiguration(models.Model):
 
     def __str__(self) -> str:
         return self.name or self.slug
+
+    def clean(self) -> None:
+        if self.api_key_env:
+            problem = secret_env_problem(self.api_key_env)
+            if problem is not None:
+                raise ValidationError({"api_key_env": problem})
 
 
 class AgentRun(models.Model):
@@ -230,8 +242,9 @@ class McpServer(models.Model):
 
     Every tool it offers is a ``non_idempotent_write``; ``requires_approval`` is read
     fail-closed through ``approval_required``. Secrets never live here: ``headers_env`` names the
-    environment variables that hold them. ``tools_snapshot`` and ``last_synced_at`` are written
-    by ``agentruns.services.mcp_sync`` (the ``sync_mcp_tools`` command, the admin action).
+    environment variables that hold them (allowed names only, ``agentruns.secrets``).
+    ``tools_snapshot`` and ``last_synced_at`` are written by ``agentruns.services.mcp_sync``
+    (the ``sync_mcp_tools`` command, the admin action).
     """
 
     name = models.CharField(
@@ -280,8 +293,9 @@ class McpServer(models.Model):
         default=dict,
         blank=True,
         help_text=(
-            'HTTP headers from the environment: {"Authorization": "MY_SERVER_AUTH"} sends the '
-            "value of $MY_SERVER_AUTH. Never put a secret here."
+            'HTTP headers from the environment: {"Authorization": "LEASEHOLD_MY_SERVER_AUTH"} '
+            "sends the value of $LEASEHOLD_MY_SERVER_AUTH. Never put a secret here. Names start "
+            "with an allowed prefix (AGENTRUNS['SECRET_ENV_PREFIXES'], by default LEASEHOLD_)."
         ),
     )
     tools_snapshot = models.JSONField(
@@ -335,5 +349,13 @@ class McpServer(models.Model):
                 'A JSON object {"Header-Name": "ENV_VAR_NAME"}: the name of an environment '
                 "variable, never the secret itself."
             )
+        else:
+            refused = [
+                f"{header}: {problem}"
+                for header, variable in self.headers_env.items()
+                if (problem := secret_env_problem(variable)) is not None
+            ]
+            if refused:
+                errors["headers_env"] = " ".join(refused)
         if errors:
             raise ValidationError(errors)

@@ -1,20 +1,22 @@
 """The ``openai`` provider: any OpenAI-compatible chat-completions endpoint, via the ``openai`` SDK.
 
 The API key is read at call time from the environment variable the configuration names
-(``api_key_env``); it is never stored, logged or put in an error message. The SDK's own retries
+(``api_key_env``), and only from an allowed one (``agentruns.secrets``: a refused name is a
+``configuration`` error, not retryable, before any request); it is never stored, logged or put
+in an error message. The SDK's own retries
 are off (``max_retries=0``): every failure becomes a ``ProviderError`` classified per docs/design.md
 §7.1 and the runtime decides whether to retry."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import uuid
 from typing import Any
 
 import openai
 
+from agentruns.exceptions import SecretEnvRefused
 from agentruns.providers.base import (
     UNPARSED_KEY,
     ErrorKind,
@@ -22,6 +24,7 @@ from agentruns.providers.base import (
     ProviderReply,
     ToolCall,
 )
+from agentruns.secrets import read_secret_env
 
 _MAX_MESSAGE = 500
 _SDK_STATUS_PREFIX = re.compile(r"^Error code: \d+(\s+-\s+)?")
@@ -136,7 +139,8 @@ def _usage(usage: Any) -> dict[str, int]:
 
 class OpenAIProvider:
     """Chat completions against ``base_url`` (blank: the SDK default, ``OPENAI_BASE_URL`` or
-    api.openai.com) with the key from ``os.environ[api_key_env]``, read at each call."""
+    api.openai.com) with the key from the environment variable ``api_key_env`` names (an
+    allowed name, ``agentruns.secrets``), read at each call."""
 
     def __init__(
         self, *, model: str, base_url: str = "", api_key_env: str = "", timeout_seconds: float = 30
@@ -163,7 +167,10 @@ class OpenAIProvider:
                 kind=ErrorKind.AUTH,
                 retryable=False,
             )
-        key = os.environ.get(self.api_key_env, "")
+        try:
+            key = read_secret_env(self.api_key_env, what="api_key_env") or ""
+        except SecretEnvRefused as exc:
+            raise ProviderError(exc.message, kind=ErrorKind.CONFIGURATION, retryable=False) from exc
         if not key:
             raise ProviderError(
                 f"The environment variable {self.api_key_env} (api_key_env) is not set "
@@ -178,7 +185,8 @@ class OpenAIProvider:
     ) -> ProviderReply:
         """One ``chat.completions.create`` call (``tools`` omitted when empty), no SDK retries,
         timeout ``timeout_seconds``. Raises ``ProviderError`` only, classified by ``classify``;
-        a missing key is ``auth`` (not retryable) before any request is sent."""
+        a missing key is ``auth`` and a variable the secret rule refuses ``configuration``
+        (its cause a ``SecretEnvRefused``), both not retryable and before any request is sent."""
         key = self._api_key()
         if not self.model:
             raise ProviderError(

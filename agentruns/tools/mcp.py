@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 import re
 import shlex
 import threading
@@ -26,7 +25,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentruns import conf
+from agentruns.exceptions import SecretEnvRefused
 from agentruns.models import Effect, McpServer, McpTransport
+from agentruns.secrets import check_secret_env, read_secret_env
 from agentruns.tools.registry import (
     TOOL_NAME_RE,
     Tool,
@@ -150,13 +151,20 @@ def _describe(exc: BaseException, *, timeout: float) -> str:
 
 
 def _headers(server: McpServer) -> dict[str, str]:
-    """Header values read from the environment variables the server names (never the DB)."""
+    """Header values read from the environment variables the server names (never the DB), each
+    allowed by the secret rule (``agentruns.secrets``); ``McpRefused`` (its cause a
+    ``SecretEnvRefused`` for a refused name) before anything is read or sent."""
     mapping = server.headers_env if isinstance(server.headers_env, dict) else None
     if mapping is None:
         raise McpRefused(f"MCP server {server.name!r}: headers_env must map headers to env vars")
+    for header, variable in mapping.items():
+        try:
+            check_secret_env(variable, what=f"MCP server {server.name!r}, header {header!r}")
+        except SecretEnvRefused as exc:
+            raise McpRefused(exc.message) from exc
     headers = {}
     for header, variable in mapping.items():
-        value = os.environ.get(str(variable))
+        value = read_secret_env(variable, what=f"MCP server {server.name!r}")
         if value is None:
             raise McpRefused(
                 f"MCP server {server.name!r}: environment variable {variable!r} "

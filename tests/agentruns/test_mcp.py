@@ -439,15 +439,45 @@ def test_stdio_is_refused_at_call_time_without_starting_anything(tmp_path: Path)
 def test_a_missing_header_secret_refuses_the_call_unsent(
     mcp_server: TicketServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TIX_TOKEN", "s3cret")
-    row = synced(mcp_server, requires_approval=False, headers_env={"X-Token": "TIX_TOKEN"})
-    monkeypatch.delenv("TIX_TOKEN")
+    monkeypatch.setenv("LEASEHOLD_TIX_TOKEN", "s3cret")
+    row = synced(
+        mcp_server, requires_approval=False, headers_env={"X-Token": "LEASEHOLD_TIX_TOKEN"}
+    )
+    monkeypatch.delenv("LEASEHOLD_TIX_TOKEN")
     before = mcp_server.http_requests
     run = _error_run(ticket_script())
     [event] = tool_events(run)
-    assert event["ok"] is False and "TIX_TOKEN" in event["error"]
+    assert event["ok"] is False and "LEASEHOLD_TIX_TOKEN" in event["error"]
     assert "s3cret" not in str(row.__dict__)
     assert mcp_server.http_requests == before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_header_variable_outside_the_allowlist_sends_nothing(
+    mcp_server: TicketServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DJANGO_SECRET_KEY", "the-process-secret")
+    row = synced(mcp_server, requires_approval=False)
+    # Written around model validation, as a row edited some other way would be.
+    McpServer.objects.filter(pk=row.pk).update(headers_env={"X-Token": "DJANGO_SECRET_KEY"})
+    row.refresh_from_db()
+    before = mcp_server.http_requests
+
+    result = mcp_server_sync(server=row)
+    assert not result.ok
+    assert result.error.startswith(
+        "MCP server 'tix', header 'X-Token': DJANGO_SECRET_KEY may not hold a secret"
+    )
+    assert isinstance(result.error, str) and "the-process-secret" not in result.error
+    row.refresh_from_db()
+    assert row.last_sync_error == result.error
+
+    run = _error_run(ticket_script())
+    [event] = tool_events(run)
+    assert event["ok"] is False and "DJANGO_SECRET_KEY may not hold a secret" in event["error"]
+    assert "the-process-secret" not in event["error"]
+    assert mcp_server.http_requests == before  # neither the sync nor the call sent anything
+    assert mcp_server.calls == []
 
 
 # --- A worker SIGKILLed while the server holds the call ---------------------------------------

@@ -115,3 +115,25 @@ def test_an_openai_server_error_fails_a_sync_run_with_its_class(chat_server, ope
     assert KEY not in json.dumps(run.error)
     assert KEY not in json.dumps([e.payload for e in events(run)])
     assert_released(run)
+
+
+def test_a_configuration_naming_a_refused_variable_fails_without_a_request(
+    chat_server, openai_config, monkeypatch
+):
+    monkeypatch.setenv("DJANGO_SECRET_KEY", "the-process-secret")
+    AgentConfiguration.objects.filter(pk=openai_config.pk).update(api_key_env="DJANGO_SECRET_KEY")
+    openai_config.refresh_from_db()
+    chat_server.reply(content="never asked")
+
+    result = run_start_sync(configuration=openai_config, prompt="hello")
+
+    run = result.run
+    assert result.outcome == Outcome.FAILED
+    assert (run.status, run.termination_reason) == (
+        Status.FAILED,
+        TerminationReason.PROVIDER_FAILED,
+    )
+    assert run.error["type"] == "ProviderError:configuration"
+    assert "DJANGO_SECRET_KEY may not hold a secret" in run.error["message"]
+    assert "the-process-secret" not in json.dumps(run.error)
+    assert chat_server.requests == []

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from agentruns.exceptions import SecretEnvRefused
 from agentruns.models import AgentConfiguration
 from agentruns.providers import provider_for
 from agentruns.providers.base import (
@@ -370,6 +371,24 @@ def test_openai_missing_key_variable_is_a_fatal_auth_error(chat_server: ChatServ
     with pytest.raises(ProviderError) as caught:
         complete(blank, dialogue(0))
     assert (caught.value.kind, caught.value.retryable) == (ErrorKind.AUTH, False)
+
+
+@pytest.mark.parametrize("variable", ["DJANGO_SECRET_KEY", "OPENAI_API_KEY", "lower_case"])
+def test_openai_key_variable_outside_the_allowlist_sends_nothing(
+    chat_server: ChatServer, monkeypatch, variable: str
+):
+    monkeypatch.setenv(variable, "the-process-secret")
+    chat_server.reply(content="never asked")
+    # Built without model validation, as a row written around the admin would be.
+    provider = provider_for(openai_config(chat_server.base_url, api_key_env=variable), {})
+    with pytest.raises(ProviderError) as caught:
+        complete(provider, dialogue(0))
+    assert (caught.value.kind, caught.value.retryable) == (ErrorKind.CONFIGURATION, False)
+    assert isinstance(caught.value.__cause__, SecretEnvRefused)
+    assert caught.value.__cause__.code == "secret_env_refused"
+    assert f"api_key_env: {variable} may not hold a secret" in str(caught.value)
+    assert "the-process-secret" not in str(caught.value)
+    assert chat_server.requests == []  # nothing left the process
 
 
 def test_openai_answer_that_is_not_a_completion_is_a_fatal_bad_response(
