@@ -7,15 +7,20 @@ A script is a list of turns, each a dict with at least one of
 - ``"tool_calls": [{"name": str, "arguments": {...}}, ...]`` — calls (``arguments`` optional);
 - ``"error": "retryable" | "fatal"`` — raise a ``ProviderError`` of that class instead of
   answering; with ``"times": N`` only the first N attempts at this turn for a run fail (counted
-  in this process's recordings), after which the turn's content/tool calls are played;
+  in this process, for the last ``MAX_COUNTED_TURNS`` run turns that failed), after which the
+  turn's content/tool calls are played;
 
 and optionally ``"delay": seconds`` (sleep before answering or failing) and
 ``"usage": {"prompt_tokens": int, "completion_tokens": int}``.
 
 Stateless across processes: the turn played is the number of ``assistant`` messages already in
 ``messages``, so a run continued elsewhere plays the right turn. Tool call ids are
-``call_<turn index>_<call index>``. Every call is recorded (deep-copied messages) in
-``ScriptedProvider.recordings[run_uuid]``.
+``call_<turn index>_<call index>``.
+
+Recording what was sent is for tests only: off unless ``ScriptedProvider.recording()`` is on
+(the ``scripted_recordings`` test fixture), and bounded even then — deep-copied messages in
+``ScriptedProvider.recordings[run_uuid]`` for the last ``MAX_RECORDED_RUNS`` runs, the last
+``MAX_RECORDED_CALLS`` calls each. A server that plays scripts keeps nothing of a run's dialogue.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ import copy
 import json
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from agentruns.providers.base import ErrorKind, ProviderError, ProviderReply, ToolCall
@@ -114,7 +122,15 @@ def _estimate_tokens(value: Any) -> int:
 class ScriptedProvider:
     """Plays a script; see the module docstring for the turn format and the recording."""
 
-    recordings: ClassVar[dict[str, list[list[dict[str, Any]]]]] = {}
+    MAX_RECORDED_RUNS: ClassVar[int] = 64
+    MAX_RECORDED_CALLS: ClassVar[int] = 500
+    MAX_COUNTED_TURNS: ClassVar[int] = 1024
+
+    # run uuid -> the messages of each call, oldest run first; filled only while recording.
+    recordings: ClassVar[OrderedDict[str, list[list[dict[str, Any]]]]] = OrderedDict()
+    _recording: ClassVar[bool] = False
+    # (run uuid, turn index) -> failed attempts so far, for error turns only ("times").
+    _attempts: ClassVar[OrderedDict[tuple[str, int], int]] = OrderedDict()
     _lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, *, script: Any, model: str = "") -> None:
@@ -122,36 +138,76 @@ class ScriptedProvider:
         self.model = model or "scripted"
 
     @classmethod
+    @contextmanager
+    def recording(cls) -> Iterator[None]:
+        """Record what every call is sent while the block runs (tests). Recordings and attempt
+        counts are cleared when it starts and when it ends; blocks do not nest."""
+        cls.clear_recordings()
+        with cls._lock:
+            cls._recording = True
+        try:
+            yield
+        finally:
+            with cls._lock:
+                cls._recording = False
+            cls.clear_recordings()
+
+    @classmethod
     def clear_recordings(cls, run_uuid: str | None = None) -> None:
-        """Forget what was sent: for one run, or for every run when ``run_uuid`` is None."""
+        """Forget what was sent and the attempts counted: for one run, or for every run when
+        ``run_uuid`` is None."""
         with cls._lock:
             if run_uuid is None:
                 cls.recordings.clear()
-            else:
-                cls.recordings.pop(str(run_uuid), None)
+                cls._attempts.clear()
+                return
+            cls.recordings.pop(str(run_uuid), None)
+            for key in [key for key in cls._attempts if key[0] == str(run_uuid)]:
+                del cls._attempts[key]
 
     @classmethod
     def recorded(cls, run_uuid: str) -> list[list[dict[str, Any]]]:
-        """A deep copy of the message lists sent for ``run_uuid``, one per call, in order."""
+        """A deep copy of the message lists sent for ``run_uuid``, one per call, in order (empty
+        unless recording was on)."""
         with cls._lock:
             return copy.deepcopy(cls.recordings.get(str(run_uuid), []))
 
-    def _record(self, run_uuid: str, messages: list[dict[str, Any]], index: int) -> int:
-        """Record the call; return how many calls this process has seen at turn ``index``."""
+    @classmethod
+    def _record(cls, run_uuid: str, messages: list[dict[str, Any]]) -> None:
+        """Keep a deep copy of ``messages`` when recording is on; within the bounds."""
+        if not cls._recording:  # read without the lock: a call racing the switch may go either way
+            return
         snapshot = copy.deepcopy(messages)
-        with self._lock:
-            calls = self.recordings.setdefault(str(run_uuid), [])
+        with cls._lock:
+            if not cls._recording:
+                return
+            calls = cls.recordings.setdefault(str(run_uuid), [])
+            cls.recordings.move_to_end(str(run_uuid))
             calls.append(snapshot)
-            return sum(1 for sent in calls if _assistant_count(sent) == index)
+            del calls[: -cls.MAX_RECORDED_CALLS]
+            while len(cls.recordings) > cls.MAX_RECORDED_RUNS:
+                cls.recordings.popitem(last=False)
+
+    @classmethod
+    def _attempt(cls, run_uuid: str, index: int) -> int:
+        """Count one more attempt at error turn ``index`` of ``run_uuid``; the count so far."""
+        key = (str(run_uuid), index)
+        with cls._lock:
+            attempt = cls._attempts.pop(key, 0) + 1
+            cls._attempts[key] = attempt
+            while len(cls._attempts) > cls.MAX_COUNTED_TURNS:
+                cls._attempts.popitem(last=False)
+        return attempt
 
     def complete(
         self, *, messages: list[dict[str, Any]], tools: list[dict[str, Any]], run_uuid: str
     ) -> ProviderReply:
         """Play turn ``len(assistant messages)``; raise ``ProviderError`` for a malformed script
         (``script_invalid``), no turn left (``script_exhausted``) or a scripted ``error`` turn
-        (``scripted``, retryable as scripted). Each call is recorded before anything else."""
+        (``scripted``, retryable as scripted). While recording is on, each call is recorded
+        before anything else."""
         index = _assistant_count(messages)
-        attempt = self._record(run_uuid, messages, index)
+        self._record(run_uuid, messages)
         script = validate_script(self.script)
         if index >= len(script):
             raise ProviderError(
@@ -160,6 +216,7 @@ class ScriptedProvider:
                 retryable=False,
             )
         turn = script[index]
+        attempt = self._attempt(run_uuid, index) if "error" in turn else 0
         if turn.get("delay"):
             time.sleep(float(turn["delay"]))
         if "error" in turn and ("times" not in turn or attempt <= turn["times"]):

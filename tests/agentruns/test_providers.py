@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import tracemalloc
 
 import pytest
 
@@ -122,7 +124,7 @@ def test_scripted_running_out_of_turns_is_a_fatal_provider_error():
     assert caught.value.retryable is False
 
 
-def test_scripted_records_deep_copies_of_what_it_was_sent_per_run():
+def test_scripted_records_deep_copies_of_what_it_was_sent_per_run(scripted_recordings):
     provider = provider_for(scripted_config(), {})
     messages = dialogue(0)
     complete(provider, messages)
@@ -138,7 +140,7 @@ def test_scripted_records_deep_copies_of_what_it_was_sent_per_run():
     assert ScriptedProvider.recorded(RUN) == [dialogue(0)]
 
 
-def test_scripted_recording_is_thread_safe():
+def test_scripted_recording_is_thread_safe(scripted_recordings):
     provider = provider_for(scripted_config([{"content": "x"}]), {})
 
     def call() -> None:
@@ -151,6 +153,52 @@ def test_scripted_recording_is_thread_safe():
     for thread in threads:
         thread.join()
     assert len(ScriptedProvider.recorded(RUN)) == 400
+
+
+def test_scripted_keeps_nothing_of_a_dialogue_unless_a_test_records(monkeypatch):
+    provider = ScriptedProvider(script=[{"content": "ok"}])
+    complete(provider, [{"role": "user", "content": "x" * 1000}], run_uuid="warm-up")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for run in range(20):  # twenty distinct 1 MB prompts: 20 MB if any were kept
+            prompt = f"run {run}: " + "x" * 1_000_000
+            complete(provider, [{"role": "user", "content": prompt}], run_uuid=f"run-{run}")
+        del prompt
+        gc.collect()
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert after - before < 1_000_000
+    assert ScriptedProvider.recordings == {}
+    assert ScriptedProvider.recorded("run-3") == []
+
+
+def test_recording_is_bounded_by_runs_and_by_calls(scripted_recordings, monkeypatch):
+    monkeypatch.setattr(ScriptedProvider, "MAX_RECORDED_RUNS", 3)
+    monkeypatch.setattr(ScriptedProvider, "MAX_RECORDED_CALLS", 2)
+    provider = ScriptedProvider(script=[{"content": "ok"}])
+    for run in range(5):
+        for _ in range(4):
+            complete(provider, dialogue(0), run_uuid=f"run-{run}")
+    assert list(ScriptedProvider.recordings) == ["run-2", "run-3", "run-4"]
+    assert all(len(calls) == 2 for calls in ScriptedProvider.recordings.values())
+    with ScriptedProvider.recording():
+        pass  # a block clears what was recorded when it starts and when it ends
+    assert ScriptedProvider.recordings == {}
+
+
+def test_attempt_counts_are_kept_for_error_turns_only_and_bounded(monkeypatch):
+    monkeypatch.setattr(ScriptedProvider, "MAX_COUNTED_TURNS", 2)
+    flaky = ScriptedProvider(script=[{"error": "retryable", "times": 1, "content": "fine"}])
+    for run in ("a", "b", "c"):
+        with pytest.raises(ProviderError):
+            complete(flaky, dialogue(0), run_uuid=run)
+        assert complete(flaky, dialogue(0), run_uuid=run).content == "fine"
+    for run in range(10):
+        complete(ScriptedProvider(script=[{"content": "plain"}]), dialogue(0), run_uuid=f"p{run}")
+    assert list(ScriptedProvider._attempts) == [("b", 0), ("c", 0)]
 
 
 def test_the_request_script_overrides_the_configuration_script():

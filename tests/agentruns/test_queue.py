@@ -287,7 +287,9 @@ class Crash(BaseException):
     """Stands in for the process dying: nothing in the segment catches it."""
 
 
-def test_a_reclaimed_run_continues_from_its_last_boundary_not_from_the_start(on_commit):
+def test_a_reclaimed_run_continues_from_its_last_boundary_not_from_the_start(
+    on_commit, scripted_recordings
+):
     run = enqueue(
         [
             {"tool_calls": [{"name": "list_notes"}]},
