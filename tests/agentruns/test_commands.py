@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from io import StringIO
@@ -10,13 +11,14 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 from django.test import override_settings
 from django_q.models import Schedule
 
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
 from agentruns.services.schedules import REAPER_SCHEDULE, REAPER_TASK
 from tests.agentruns.factories import HOLDER, AgentRunFactory
-from tests.support.processes import ROOT
+from tests.support.processes import ROOT, process_env
 
 pytestmark = pytest.mark.django_db
 
@@ -126,24 +128,76 @@ def test_cancel_run_cancels_a_live_run():
     assert cancel.payload["note"] == "cancelled with manage.py cancel_run"
 
 
-def test_cancel_run_leaves_a_terminal_run_alone():
-    run = AgentRunFactory(completed=True)
+@pytest.mark.parametrize("ended", ["completed", "failed", "cancelled"])
+def test_cancel_run_leaves_a_terminal_run_alone_and_exits_1_naming_its_status(ended):
+    run = AgentRunFactory(**{ended: True})
+    out = StringIO()
 
-    assert run_command("cancel_run", str(run.uuid)) == [
-        f"{run.uuid} not cancelled: it already ended (completed)"
-    ]
+    with pytest.raises(CommandError) as refused:
+        call_command("cancel_run", str(run.uuid), stdout=out)
+
+    assert refused.value.returncode == 1
+    assert str(refused.value) == f"{run.uuid} not cancelled: it already ended ({ended})"
+    assert out.getvalue() == ""
     run.refresh_from_db()
-    assert run.status == Status.COMPLETED
+    assert run.status == ended
 
 
-def test_cancel_run_with_an_unknown_uuid_fails():
-    with pytest.raises(CommandError, match="no run 3f1e1c1e-0000-4000-8000-000000000000"):
+def test_cancel_run_with_an_unknown_uuid_exits_2():
+    with pytest.raises(CommandError, match="no run 3f1e1c1e-0000-4000-8000-000000000000") as no:
         call_command("cancel_run", "3f1e1c1e-0000-4000-8000-000000000000")
+    assert no.value.returncode == 2
 
 
-def test_cancel_run_with_a_malformed_uuid_fails():
-    with pytest.raises(CommandError, match="not a run uuid: 'nope'"):
-        call_command("cancel_run", "nope")
+@pytest.mark.parametrize("raw", ["nope", "", "3f1e1c1e-0000-4000-8000"])
+def test_cancel_run_with_a_malformed_uuid_exits_2(raw):
+    with pytest.raises(CommandError, match="not a run uuid") as bad:
+        call_command("cancel_run", raw)
+    assert bad.value.returncode == 2
+
+
+def cancel_run_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """``manage.py cancel_run`` in a fresh process on this test's (committed) database."""
+    if connection.vendor == "postgresql":
+        env = process_env()
+    else:
+        env = {**os.environ, "DATABASE_URL": f"sqlite:///{connection.settings_dict['NAME']}"}
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings.test"
+    return subprocess.run(
+        [sys.executable, "manage.py", "cancel_run", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_cancel_run_exit_statuses_from_the_command_line():
+    run = AgentRunFactory(running=True)
+
+    cancelled = cancel_run_process(str(run.uuid))
+    assert (cancelled.returncode, cancelled.stdout) == (0, f"cancelled {run.uuid}\n")
+
+    again = cancel_run_process(str(run.uuid))
+    assert again.returncode == 1
+    assert f"{run.uuid} not cancelled: it already ended (cancelled)" in again.stderr
+    assert again.stdout == ""
+
+    unknown = cancel_run_process("3f1e1c1e-0000-4000-8000-000000000000")
+    assert unknown.returncode == 2
+    assert "no run 3f1e1c1e-0000-4000-8000-000000000000" in unknown.stderr
+
+    for bad in (["nope"], [], [str(run.uuid), "--colour", "red"]):
+        refused = cancel_run_process(*bad)
+        assert refused.returncode == 2, (bad, refused.stderr)
+        assert refused.stdout == ""
+
+    helped = cancel_run_process("--help")
+    assert helped.returncode == 0
+    assert "Exit status: 0 cancelled, 1 already ended" in " ".join(helped.stdout.split())
 
 
 # --- setup_schedules ----------------------------------------------------------------------------
