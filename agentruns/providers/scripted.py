@@ -153,6 +153,11 @@ class ScriptedProvider:
             cls.clear_recordings()
 
     @classmethod
+    def is_recording(cls) -> bool:
+        """Whether a ``recording()`` block is on."""
+        return cls._recording
+
+    @classmethod
     def clear_recordings(cls, run_uuid: str | None = None) -> None:
         """Forget what was sent and the attempts counted: for one run, or for every run when
         ``run_uuid`` is None."""

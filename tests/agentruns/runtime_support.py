@@ -227,7 +227,9 @@ def snapshot(run: AgentRun) -> dict[str, Any]:
 
 
 def sent(run: AgentRun) -> list[list[dict[str, Any]]]:
-    """The message lists the scripted provider received for ``run``, one per call."""
+    """The message lists the scripted provider received for ``run``, one per call (the test
+    uses the ``scripted_recordings`` fixture)."""
+    assert ScriptedProvider.is_recording(), "sent() needs the scripted_recordings fixture"
     return ScriptedProvider.recorded(str(run.uuid))
 
 

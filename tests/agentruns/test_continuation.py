@@ -31,7 +31,8 @@ from tests.agentruns.runtime_support import (
     tool_turn,
 )
 
-pytestmark = pytest.mark.django_db
+# ``sent(run)`` reads what the scripted provider recorded.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("scripted_recordings")]
 
 SCRIPT = [
     tool_turn(call("probe_read", value="a")),

@@ -47,7 +47,8 @@ from tests.agentruns.runtime_support import (
     tool_turn,
 )
 
-pytestmark = pytest.mark.django_db
+# ``sent(run)`` reads what the scripted provider recorded.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("scripted_recordings")]
 
 
 def start(configuration, script, *, initiator=None, **options):

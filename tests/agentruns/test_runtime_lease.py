@@ -182,7 +182,7 @@ def test_a_zombie_write_never_starts_after_its_lease_was_taken(probes):
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_lease_taken_during_a_provider_call_from_another_connection():
+def test_lease_taken_during_a_provider_call_from_another_connection(scripted_recordings):
     script = [{"content": "slow", "delay": 1.0, "tool_calls": [call("list_notes")]}]
     script.append({"content": "done"})
     configuration = config(tools=["list_notes"])
@@ -276,7 +276,7 @@ def test_a_wait_longer_than_the_lease_keeps_it_alive():
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_a_cancel_during_a_long_call_is_noticed_as_a_cancel():
+def test_a_cancel_during_a_long_call_is_noticed_as_a_cancel(scripted_recordings):
     """The ticker's renewal fails because of a cancel: the segment reports and records the
     cancel (not a lost lease), and makes no further call."""
     configuration = config(tools=["list_notes"])
@@ -308,7 +308,7 @@ def test_a_cancel_during_a_long_call_is_noticed_as_a_cancel():
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_a_cancel_during_a_provider_delay_stops_at_the_next_boundary():
+def test_a_cancel_during_a_provider_delay_stops_at_the_next_boundary(scripted_recordings):
     configuration = config(tools=["list_notes"])
     script = [{"tool_calls": [call("list_notes")], "delay": 0.8}, {"content": "never"}]
 
