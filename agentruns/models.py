@@ -73,6 +73,8 @@ class EventKind(models.TextChoices):
     LEASE = "lease", "lease"
     REAPER = "reaper", "reaper"
     CANCEL = "cancel", "cancel"
+    # The segment refused to let a decision run: what would run is not what was approved.
+    VERIFICATION = "verification", "verification"
 
 
 class Segment(models.TextChoices):

@@ -29,6 +29,7 @@ from agentruns.turns.calls import (
 )
 from agentruns.turns.pending import (
     PendingTurn,
+    executing_digest,
     read_pending_turn,
     stored_digest,
     unreadable,
@@ -67,6 +68,7 @@ __all__ = [
     "Usage",
     "canonical_json",
     "decided_digests",
+    "executing_digest",
     "parse_decision",
     "read_pending_turn",
     "stored_digest",

@@ -186,7 +186,7 @@ class RunSegment:
     # -- the loop --
 
     def _loop(self) -> Stop:
-        decision_events = apply_decision(self.state)
+        decision_events = apply_decision(self.state, input_schema_of=self.gate.input_schema)
         if decision_events and (stop := self._boundary(decision_events)):
             return stop
         # Otherwise no boundary here: the claim that started this segment just renewed the
@@ -221,7 +221,7 @@ class RunSegment:
         if turn.approved is None and any(self.gate.needs_approval(c.name) for c in turn.calls):
             return self._suspend(
                 Status.WAITING_FOR_APPROVAL,
-                PendingTurn.for_approval(self.gate.shown(c) for c in turn.calls),
+                PendingTurn.for_approval(self.gate.shown(c) for c in turn.open_calls()),
                 Outcome.AWAITING_APPROVAL,
             )
         for index, call in enumerate(turn.calls):

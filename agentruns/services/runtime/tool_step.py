@@ -58,6 +58,10 @@ class ToolGate:
         tool = self.available(name)
         return True if tool is None else tool.needs_approval
 
+    def input_schema(self, name: str) -> dict[str, Any] | None:
+        tool = self.available(name)
+        return tool.input_schema if tool is not None else None
+
     def offered(self) -> list[dict[str, Any]]:
         """The OpenAI-style schemas of the tools offered to the model, in configured order."""
         names = self.allowed or tuple(t.name for t in registry.all())
