@@ -107,6 +107,12 @@ class AgentConfiguration(models.Model):
     require_second_approver = models.BooleanField(
         default=False, help_text="Four-eyes: the initiator may deny but not approve their own run."
     )
+    preview_is_snapshot = models.BooleanField(
+        default=False,
+        help_text="Off (the default): before an approved write with a preview runs, its preview "
+        "is made again, and if it changed the call does not run and waits for approval again. "
+        "On: the preview is only a snapshot captured when the run paused.",
+    )
     script = models.JSONField(
         default=list, blank=True, help_text="Turns for the scripted provider."
     )

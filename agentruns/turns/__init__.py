@@ -35,6 +35,7 @@ from agentruns.turns.pending import (
     unreadable,
     waits_for_a_human,
 )
+from agentruns.turns.previews import Change, Preview
 from agentruns.turns.state import (
     DECIDED_DIGESTS_KEPT,
     ApprovalDecision,
@@ -57,11 +58,13 @@ __all__ = [
     "UNREADABLE",
     "ApprovalDecision",
     "Call",
+    "Change",
     "Decision",
     "InputDecision",
     "LoopState",
     "PendingKind",
     "PendingTurn",
+    "Preview",
     "ReconciliationDecision",
     "Turn",
     "Unreadable",

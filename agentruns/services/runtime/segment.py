@@ -34,6 +34,11 @@ from agentruns.models import (
 from agentruns.providers import ProviderError, ProviderReply, provider_for
 from agentruns.services.runtime.decisions import apply_decision
 from agentruns.services.runtime.failures import provider_error, retry_policy, totals
+from agentruns.services.runtime.previews import (
+    make_preview,
+    preview_changed_event,
+    preview_open_calls,
+)
 from agentruns.services.runtime.results import (
     EventObserver,
     Outcome,
@@ -42,20 +47,20 @@ from agentruns.services.runtime.results import (
     Stop,
 )
 from agentruns.services.runtime.ticker import LeaseTicker
-from agentruns.services.runtime.tool_step import ToolGate, execute_tool_call
+from agentruns.services.runtime.tool_step import ToolGate, denied_event, execute_tool_call
 from agentruns.services.runtime.transcript import (
-    DENIED_MESSAGE,
     NotRehydratable,
     message_for_event,
     rehydrate,
     unique_call_ids,
 )
-from agentruns.tools import Tool, ToolResult
+from agentruns.tools import Tool
 from agentruns.tools.registry import overlay_input
 from agentruns.turns import (
     Call,
     LoopState,
     PendingTurn,
+    Preview,
     Turn,
 )
 
@@ -218,12 +223,10 @@ class RunSegment:
     # -- a turn --
 
     def _run_turn(self, turn: Turn) -> Stop | None:
-        if turn.approved is None and any(self.gate.needs_approval(c.name) for c in turn.calls):
-            return self._suspend(
-                Status.WAITING_FOR_APPROVAL,
-                PendingTurn.for_approval(self.gate.shown(c) for c in turn.open_calls()),
-                Outcome.AWAITING_APPROVAL,
-            )
+        if turn.approved is None and any(
+            self.gate.needs_approval(c.name) for c in turn.open_calls()
+        ):
+            return self._suspend_for_approval(turn)
         for index, call in enumerate(turn.calls):
             last_of_turn = index == len(turn.calls) - 1
             if call.id in turn.done:
@@ -240,29 +243,64 @@ class RunSegment:
                     return self._suspend_for_input(call, tool)
                 arguments = overlay_input(tool, call.arguments, values)
                 stop = self._execute(turn, call, tool, arguments, last_of_turn=last_of_turn)
+            elif (stop := self._preview_changed(turn, call, tool)) is not None:
+                return stop
             else:
                 stop = self._execute(turn, call, tool, call.arguments, last_of_turn=last_of_turn)
             if stop:
                 return stop
         return None
 
+    # -- previews --
+
+    def _preview(self, tool: Tool, call: Call) -> Preview | None:
+        return make_preview(
+            tool,
+            call,
+            run_uuid=self.run.uuid,
+            initiator_id=self.run.initiator_id,
+            fencing_token=self.lease.epoch,
+        )
+
+    def _suspend_for_approval(self, turn: Turn) -> Stop:
+        """Suspend for a decision on the turn's open calls, each write previewed first (the
+        previews are kept on the turn too: the digest that binds the decision covers them)."""
+        with LeaseTicker(self.lease):
+            preview_open_calls(turn, tool_of=self.gate.available, preview=self._preview)
+        return self._suspend(
+            Status.WAITING_FOR_APPROVAL,
+            PendingTurn.for_approval(self.gate.shown(c) for c in turn.open_calls()),
+            Outcome.AWAITING_APPROVAL,
+        )
+
+    def _preview_changed(self, turn: Turn, call: Call, tool: Tool | None) -> Stop | None:
+        """Compare-and-swap: before an approved call whose approval showed a preview runs, the
+        preview is made again. ``None``: the same (or nothing to compare) — run it. Otherwise
+        nothing runs: a ``verification`` event records both previews and the turn waits for
+        approval again on a fresh card. Off when the configuration keeps previews as
+        snapshots."""
+        approved = call.preview
+        if (
+            tool is None
+            or approved is None
+            or not approved.ok
+            or turn.approved is not True
+            or self.config.preview_is_snapshot
+        ):
+            return None
+        with LeaseTicker(self.lease) as ticker:
+            fresh = self._preview(tool, call)
+        if ticker.lost:
+            return self._lost(at="preview")
+        if approved.same_as(fresh):
+            return None
+        turn.approved = None
+        changed = preview_changed_event(call, approved, fresh)
+        return self._boundary([changed]) or self._suspend_for_approval(turn)
+
     def _record_denied(self, turn: Turn, call: Call, *, last_of_turn: bool) -> Stop | None:
         turn.done.append(call.id)
-        content = ToolResult(ok=False, content=None, error=DENIED_MESSAGE).as_message_content()
-        event = EventSpec(
-            EventKind.TOOL,
-            {
-                "call_id": call.id,
-                "name": call.name,
-                "arguments": call.arguments,
-                "effect": call.effect or None,
-                "outcome": "denied",
-                "ok": False,
-                "error": DENIED_MESSAGE,
-                "content": content,
-            },
-        )
-        return self._step_done([event], clear_fence=False, last_of_turn=last_of_turn)
+        return self._step_done([denied_event(call)], clear_fence=False, last_of_turn=last_of_turn)
 
     def _execute(
         self, turn: Turn, call: Call, tool: Tool | None, arguments: Any, *, last_of_turn: bool
