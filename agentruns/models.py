@@ -61,6 +61,7 @@ class TerminationReason(models.TextChoices):
     ABANDONED = "abandoned", "the client went away mid-stream"
     RECONCILED_ABANDONED = "reconciled_abandoned", "abandoned by an operator during reconciliation"
     CANCELLED = "cancelled", "cancelled"
+    INTERNAL_ERROR = "internal_error", "an unexpected error inside Leasehold"
 
 
 class EventKind(models.TextChoices):
@@ -75,6 +76,8 @@ class EventKind(models.TextChoices):
     CANCEL = "cancel", "cancel"
     # The segment refused to let a decision run: what would run is not what was approved.
     VERIFICATION = "verification", "verification"
+    # An unexpected exception ended the segment (its type and message; the traceback is logged).
+    ERROR = "error", "error"
 
 
 class Segment(models.TextChoices):

@@ -190,3 +190,21 @@ def denied_event(call: Call) -> EventSpec:
             "content": content,
         },
     )
+
+
+def refused_event(call: Call, reason: str) -> EventSpec:
+    """The ``tool`` event of a call whose arguments break its tool's schema: refused when the
+    model proposed it, so no person is asked to approve it; the model reads why."""
+    return EventSpec(
+        EventKind.TOOL,
+        {
+            "call_id": call.id,
+            "name": call.name,
+            "arguments": call.arguments,
+            "effect": call.effect or None,
+            "outcome": "invalid_arguments",
+            "ok": False,
+            "error": reason,
+            "content": ToolResult.failure(reason).as_message_content(),
+        },
+    )
