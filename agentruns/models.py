@@ -63,6 +63,7 @@ class TerminationReason(models.TextChoices):
     ABANDONED = "abandoned", "the client went away mid-stream"
     RECONCILED_ABANDONED = "reconciled_abandoned", "abandoned by an operator during reconciliation"
     CANCELLED = "cancelled", "cancelled"
+    INTERNAL_ERROR = "internal_error", "an unexpected error inside Leasehold"
 
 
 class EventKind(models.TextChoices):
@@ -75,6 +76,10 @@ class EventKind(models.TextChoices):
     LEASE = "lease", "lease"
     REAPER = "reaper", "reaper"
     CANCEL = "cancel", "cancel"
+    # The segment refused to let a decision run: what would run is not what was approved.
+    VERIFICATION = "verification", "verification"
+    # An unexpected exception ended the segment (its type and message; the traceback is logged).
+    ERROR = "error", "error"
 
 
 class Segment(models.TextChoices):
@@ -110,6 +115,12 @@ class AgentConfiguration(models.Model):
     )
     require_second_approver = models.BooleanField(
         default=False, help_text="Four-eyes: the initiator may deny but not approve their own run."
+    )
+    preview_is_snapshot = models.BooleanField(
+        default=False,
+        help_text="Off (the default): before an approved write with a preview runs, its preview "
+        "is made again, and if it changed the call does not run and waits for approval again. "
+        "On: the preview is only a snapshot captured when the run paused.",
     )
     script = models.JSONField(
         default=list, blank=True, help_text="Turns for the scripted provider."

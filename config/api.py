@@ -7,6 +7,7 @@ own fields for Leasehold refusals).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -16,6 +17,8 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from agentruns.exceptions import LeaseholdError
+
+logger = logging.getLogger(__name__)
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
@@ -27,8 +30,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     elif isinstance(exc, DjangoPermissionDenied):
         exc = drf_exceptions.PermissionDenied()
     response = drf_exception_handler(exc, context)
-    if response is None:
-        return None
+    if response is None:  # not a refusal: a bug or an outage. Logged, never shown.
+        logger.exception("API: unexpected %s", type(exc).__name__, exc_info=exc)
+        return Response(
+            {"code": "internal_error", "message": "An unexpected error occurred; it was logged."},
+            status=500,
+        )
     if isinstance(exc, drf_exceptions.ValidationError):
         response.data = {
             "code": "invalid_request",

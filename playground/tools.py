@@ -19,6 +19,7 @@ from django.utils import timezone
 from agentruns import conf
 from agentruns.models import Effect
 from agentruns.tools import Tool, ToolContext, tool
+from agentruns.turns import Change, Preview
 from playground.models import Note
 
 LIST_LIMIT = 100
@@ -50,6 +51,58 @@ def _get_note(note_id: int) -> Note:
         return Note.objects.get(pk=note_id)
     except Note.DoesNotExist:
         raise NoteNotFound(f"note {note_id} does not exist") from None
+
+
+# --- Previews: what a write will change, shown to the approver (read-only) ----------------------
+
+
+def preview_update_note(context: ToolContext, arguments: dict[str, Any]) -> Preview:
+    """Each field it sets, from the note as it is now to what it will be."""
+    note_id = arguments.get("id")
+    note = Note.objects.filter(pk=note_id).first() if isinstance(note_id, int) else None
+    if note is None:
+        return Preview(summary=f"note {note_id} does not exist", target=f"note {note_id}")
+    changes = tuple(
+        Change(field=name, before=getattr(note, name), after=arguments[name])
+        for name in ("title", "body")
+        if name in arguments
+    )
+    same = all(change.before == change.after for change in changes)
+    summary = f"updates note {note.pk} ({note.title!r})" + (" — no change" if same else "")
+    return Preview(summary=summary, target=f"note {note.pk}", changes=changes)
+
+
+def preview_create_note(context: ToolContext, arguments: dict[str, Any]) -> Preview:
+    """A new note: nothing before, its title and body after."""
+    return Preview(
+        summary=f"creates a note titled {arguments.get('title')!r}",
+        changes=(
+            Change(field="title", after=arguments.get("title")),
+            Change(field="body", after=arguments.get("body")),
+        ),
+    )
+
+
+def preview_call_webhook(context: ToolContext, arguments: dict[str, Any]) -> Preview:
+    """Where the request goes and what it carries; refused URLs say so (nothing would be sent)."""
+    url = str(arguments.get("url"))
+    parts = urlsplit(url)
+    body = json.dumps(arguments.get("payload"))
+    try:
+        host = webhook_target(url, list(conf.get("WEBHOOK_ALLOWLIST")))
+    except WebhookRefused as refused:
+        return Preview(summary=f"sends nothing: {refused}", target=url)
+    return Preview(
+        summary=f"POST {len(body.encode('utf-8'))} bytes of JSON to {host}{parts.path or '/'}",
+        target=url,
+        changes=(
+            Change(field="method", after="POST"),
+            Change(field="host", after=host),
+            Change(field="path", after=parts.path or "/"),
+            Change(field="payload size (bytes)", after=len(body.encode("utf-8"))),
+            Change(field="Idempotency-Key header", after=context.idempotency_key),
+        ),
+    )
 
 
 _ID = {"type": "integer", "minimum": 1, "description": "The note's id (from list_notes)."}
@@ -104,6 +157,7 @@ def read_note(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]
         "required": ["id"],
         "additionalProperties": False,
     },
+    preview=preview_update_note,
 )
 def update_note(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
     """Idempotent write: one guarded ``UPDATE`` of the given fields; 0 rows → ``NoteNotFound``."""
@@ -129,6 +183,7 @@ def update_note(context: ToolContext, arguments: dict[str, Any]) -> dict[str, An
         "required": ["title", "body"],
         "additionalProperties": False,
     },
+    preview=preview_create_note,
 )
 def create_note(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
     """Non-idempotent write: inserts one note and returns it."""
@@ -208,6 +263,7 @@ def _opener() -> urllib.request.OpenerDirector:
         "required": ["url", "payload"],
         "additionalProperties": False,
     },
+    preview=preview_call_webhook,
 )
 def call_webhook(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
     """Non-idempotent write. Checks the URL against ``WEBHOOK_ALLOWLIST`` (read now) before any

@@ -70,9 +70,17 @@ def _pending_context(run: AgentRun, input_form: InputValuesForm | None = None) -
     context["turn"] = turn
     if turn.kind == APPROVAL:
         context["calls"] = [
-            {"id": c.id, "name": c.name, "effect": c.effect, "args": trace.pretty(c.arguments)}
+            {
+                "id": c.id,
+                "name": c.name,
+                "effect": c.effect,
+                "is_write": c.is_write,
+                "args": trace.pretty(c.arguments),
+                "preview": c.preview,
+            }
             for c in turn.calls
         ]
+        context["preview_is_snapshot"] = run.configuration.preview_is_snapshot
     elif turn.kind == INPUT and turn.call is not None:
         context["input_call"] = {"name": turn.call.name, "args": trace.pretty(turn.call.arguments)}
         spec: InputSpec | None

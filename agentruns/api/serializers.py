@@ -73,11 +73,31 @@ class RunQueuedSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=Status.choices)
 
 
+class ChangeSerializer(serializers.Serializer):
+    field = serializers.CharField()
+    before = serializers.JSONField(allow_null=True, help_text="null: it does not exist yet.")
+    after = serializers.JSONField(allow_null=True)
+
+
+class PreviewSerializer(serializers.Serializer):
+    """What a write will change, made when the turn suspended (covered by the digest)."""
+
+    summary = serializers.CharField()
+    target = serializers.CharField(allow_null=True)
+    changes = ChangeSerializer(many=True, help_text="At most 20; long values cut with a mark.")
+
+
 class CallSerializer(serializers.Serializer):
     id = serializers.CharField()
     name = serializers.CharField()
     arguments = serializers.JSONField()
     effect = serializers.CharField()
+    preview = PreviewSerializer(
+        allow_null=True,
+        help_text="approval: what the write will change; null when its tool declares no "
+        "preview or the preview failed (preview_failed names the exception class).",
+    )
+    preview_failed = serializers.CharField(allow_null=True)
 
 
 class PendingTurnSerializer(serializers.Serializer):
@@ -112,7 +132,16 @@ def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
         "kind": pending.kind,
         "turn_digest": pending.turn_digest,
         "calls": [
-            {"id": c.id, "name": c.name, "arguments": c.arguments, "effect": c.effect}
+            {
+                "id": c.id,
+                "name": c.name,
+                "arguments": c.arguments,
+                "effect": c.effect,
+                "preview": c.preview.to_json() if c.preview is not None and c.preview.ok else None,
+                "preview_failed": c.preview.failed
+                if c.preview is not None and c.preview.failed
+                else None,
+            }
             for c in pending.calls
         ],
         "input_schema": pending.input_schema if pending.kind == INPUT else None,

@@ -268,7 +268,9 @@ def run_decide(
         run_uuid=run_uuid,
         expected_status=Status.WAITING_FOR_APPROVAL,
         turn_digest=turn_digest,
-        decision=ApprovalDecision(approved=approved, decider_id=actor.pk),
+        decision=ApprovalDecision(
+            approved=approved, decider_id=actor.pk, turn_digest=turn_digest or ""
+        ),
         event=approval_event,
         identity=identity,
         check=four_eyes,
@@ -341,7 +343,9 @@ def run_submit_input(
         run_uuid=run_uuid,
         expected_status=Status.WAITING_FOR_INPUT,
         turn_digest=turn_digest,
-        decision=InputDecision(call_id=call.id, values=values, decider_id=actor.pk),
+        decision=InputDecision(
+            call_id=call.id, values=values, decider_id=actor.pk, turn_digest=turn_digest
+        ),
         event=EventSpec(
             EventKind.INPUT,
             {

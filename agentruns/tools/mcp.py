@@ -36,6 +36,7 @@ from agentruns.tools.registry import (
     check_tool,
     registry,
 )
+from agentruns.turns import Change, Preview
 
 logger = logging.getLogger(__name__)
 
@@ -372,6 +373,29 @@ class RemoteCall:
         return call_remote_tool(server, self.tool_name, arguments, context)
 
 
+@dataclass(frozen=True)
+class RemotePreview:
+    """``Tool.preview`` of a remote tool: what Leasehold knows without calling it — the server
+    and the tool, and the hints the server declares about it, marked as unverified."""
+
+    server_name: str
+    tool_name: str
+    hints: tuple[tuple[str, Any], ...] = ()
+
+    def __call__(self, context: ToolContext, arguments: dict[str, Any]) -> Preview:
+        server = McpServer.objects.filter(name=self.server_name).first()
+        where = f"{server.transport}: {server.url or server.command}" if server else "not found"
+        return Preview(
+            summary=f"calls {self.tool_name!r} on MCP server {self.server_name!r} ({where}); "
+            "what it changes is up to the server",
+            target=f"mcp:{self.server_name}/{self.tool_name}",
+            changes=tuple(
+                Change(field=f"{hint} (declared by the server, not verified)", after=value)
+                for hint, value in self.hints
+            ),
+        )
+
+
 # --- The registry resolver -------------------------------------------------------------------
 
 
@@ -389,6 +413,9 @@ def _tool(server_name: str, entry: dict[str, Any], *, approval_required: bool) -
         requires_approval=approval_required,
         source="mcp",
         hints=dict(entry.get("hints") or {}),
+        preview=RemotePreview(
+            server_name, entry["name"], tuple(sorted((entry.get("hints") or {}).items()))
+        ),
     )
 
 

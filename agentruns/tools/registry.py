@@ -38,6 +38,8 @@ UNPARSED_ARGUMENTS_KEY = "_unparsed_arguments"
 MAX_ERROR_CHARS = 2000
 
 ToolFunc = Callable[["ToolContext", dict[str, Any]], Any]
+#: ``preview(context, arguments)``: what a write will change, without changing anything.
+PreviewFunc = Callable[["ToolContext", dict[str, Any]], Any]
 Resolver = Callable[[str], "Tool | None"]
 Lister = Callable[[], Iterable["Tool"]]
 
@@ -84,6 +86,9 @@ class Tool:
     requires_approval: bool | None = None
     source: str = "local"  # "local" or "mcp"
     hints: dict[str, Any] = field(default_factory=dict)  # shown to staff, never decide anything
+    # preview(context, arguments) -> what the write will change (docs/design.md §5.10): read-only,
+    # honours context.timeout_seconds, returns a turns.Preview or {"summary", "target", "changes"}.
+    preview: PreviewFunc | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "effect", Effect(self.effect))
@@ -133,6 +138,8 @@ def check_tool(tool: Tool) -> None:
         raise ToolDefinitionError(f"tool {tool.name!r} needs a description")
     if not callable(tool.func):
         raise ToolDefinitionError(f"tool {tool.name!r}: func is not callable")
+    if tool.preview is not None and not callable(tool.preview):
+        raise ToolDefinitionError(f"tool {tool.name!r}: preview is not callable")
     if tool.source not in {"local", "mcp"}:
         raise ToolDefinitionError(f"tool {tool.name!r}: source must be 'local' or 'mcp'")
     try:
@@ -319,6 +326,7 @@ def tool(
     input_schema: dict[str, Any] | None = None,
     requires_approval: bool | None = None,
     hints: dict[str, Any] | None = None,
+    preview: PreviewFunc | None = None,
 ) -> Callable[[ToolFunc], Tool]:
     """Decorator: turn ``func(context, arguments)`` into a checked ``Tool``.
 
@@ -337,6 +345,7 @@ def tool(
             input_schema=input_schema,
             requires_approval=requires_approval,
             hints=dict(hints or {}),
+            preview=preview,
         )
         check_tool(defined)
         return defined

@@ -32,6 +32,7 @@ from agentruns.transitions._writer import (
 from agentruns.turns import (
     Decision,
     decided_digests,
+    executing_digest,
     read_pending_turn,
     stored_digest,
     with_decision,
@@ -61,12 +62,17 @@ def _show_written(run: AgentRun, values: Mapping[str, Any]) -> None:
 
 def _check_turn(run: AgentRun, *, expected_status: str, turn_digest: str | None) -> None:
     """Refuse unless the run waits in ``expected_status`` on exactly the turn ``turn_digest`` and
-    that turn reads as ``turns.read_pending_turn`` shows it (``UnreadableState`` otherwise)."""
+    that turn reads as ``turns.read_pending_turn`` shows it and is what would run: the digest
+    recomputed from the loop state (``turns.executing_digest``) equals it. ``UnreadableState``
+    otherwise."""
     current = stored_digest(run.pending_turn)
     if run.status == expected_status and turn_digest and current == turn_digest:
         pending = read_pending_turn(run)
         if not pending.readable:  # fail closed: never decide what nobody could be shown
             raise UnreadableState(f"its pending turn cannot be read: {pending.problem}")
+        if executing_digest(run, pending) != turn_digest:
+            # What would run is not what was shown: the loop state and the card disagree.
+            raise UnreadableState("the turn that would run is not the turn shown")
         return
     if turn_digest and turn_digest in decided_digests(run.loop_state):
         raise AlreadyDecided()

@@ -29,11 +29,13 @@ from agentruns.turns.calls import (
 )
 from agentruns.turns.pending import (
     PendingTurn,
+    executing_digest,
     read_pending_turn,
     stored_digest,
     unreadable,
     waits_for_a_human,
 )
+from agentruns.turns.previews import Change, Preview
 from agentruns.turns.state import (
     DECIDED_DIGESTS_KEPT,
     ApprovalDecision,
@@ -56,17 +58,20 @@ __all__ = [
     "UNREADABLE",
     "ApprovalDecision",
     "Call",
+    "Change",
     "Decision",
     "InputDecision",
     "LoopState",
     "PendingKind",
     "PendingTurn",
+    "Preview",
     "ReconciliationDecision",
     "Turn",
     "Unreadable",
     "Usage",
     "canonical_json",
     "decided_digests",
+    "executing_digest",
     "parse_decision",
     "read_pending_turn",
     "stored_digest",

@@ -7,9 +7,12 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 from agentruns.models import Effect
+
+if TYPE_CHECKING:
+    from agentruns.turns.previews import Preview
 
 APPROVAL: Final = "approval"
 INPUT: Final = "input"
@@ -72,7 +75,10 @@ def turn_digest(
 
 
 def _digested_mapping(call: Mapping[str, Any]) -> dict[str, Any]:
-    return {"id": call.get("id"), "name": call.get("name"), "arguments": call.get("arguments")}
+    digested = {"id": call.get("id"), "name": call.get("name"), "arguments": call.get("arguments")}
+    if call.get("preview") is not None:
+        digested["preview"] = call["preview"]
+    return digested
 
 
 # --- Calls ------------------------------------------------------------------------------------
@@ -96,6 +102,8 @@ class Call:
     source: str = "local"
     hints: dict[str, Any] = field(default_factory=dict)
     detailed: bool = False
+    # What the write will change, made when the turn suspended for approval; digested.
+    preview: Preview | None = None
 
     @property
     def effect_label(self) -> str:
@@ -106,8 +114,11 @@ class Call:
         return self.effect != Effect.READ
 
     def digested(self) -> dict[str, Any]:
-        """What a digest covers: id, name and arguments."""
-        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+        """What a digest covers: id, name and arguments, and the preview when there is one."""
+        digested = {"id": self.id, "name": self.name, "arguments": self.arguments}
+        if self.preview is not None:
+            digested["preview"] = self.preview.to_json()
+        return digested
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -123,12 +134,16 @@ class Call:
                 source=self.source,
                 hints=dict(self.hints),
             )
+        if self.preview is not None:
+            data["preview"] = self.preview.to_json()
         return data
 
     @classmethod
     def parse(cls, raw: object, *, where: str, effect_required: bool = True) -> Call:
         """A stored call. Refuses a call without a string id or a tool name, and (unless
         ``effect_required`` is false) one whose effect is not a known effect."""
+        from agentruns.turns.previews import Preview  # previews builds on this module
+
         data = _object(raw, where)
         name = data.get("name")
         if not isinstance(name, str) or not name:
@@ -152,4 +167,9 @@ class Call:
             source=str(data.get("source") or "local"),
             hints=dict(hints) if isinstance(hints, dict) else {},
             detailed="needs_approval" in data or "known" in data or "hints" in data,
+            preview=(
+                Preview.parse(data["preview"], where=f"{where}'s preview")
+                if data.get("preview") is not None
+                else None
+            ),
         )

@@ -35,6 +35,13 @@ class Turn:
     approved: bool | None = None
     inputs: dict[str, Any] = field(default_factory=dict)
 
+    def open_calls(self) -> list[Call]:
+        """The calls not done yet: what an approval of this turn lets run."""
+        return [call for call in self.calls if call.id not in self.done]
+
+    def call(self, call_id: str) -> Call | None:
+        return next((call for call in self.calls if call.id == call_id), None)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "calls": [call.to_json() for call in self.calls],
@@ -78,23 +85,30 @@ class Turn:
 
 @dataclass(frozen=True)
 class ApprovalDecision:
-    """A human approved or denied the whole pending turn."""
+    """A human approved or denied the whole pending turn, whose digest was ``turn_digest``."""
 
     approved: bool
     decider_id: int | None = None
+    turn_digest: str = ""
     kind: Literal["approval"] = "approval"
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "approved": self.approved, "decider_id": self.decider_id}
+        return {
+            "kind": self.kind,
+            "approved": self.approved,
+            "decider_id": self.decider_id,
+            "turn_digest": self.turn_digest,
+        }
 
 
 @dataclass(frozen=True)
 class InputDecision:
-    """A human supplied the values the call ``call_id`` asked for."""
+    """A human supplied the values the call ``call_id`` asked for, on the turn ``turn_digest``."""
 
     call_id: str
     values: Any
     decider_id: int | None = None
+    turn_digest: str = ""
     kind: Literal["input"] = "input"
 
     def to_json(self) -> dict[str, Any]:
@@ -103,6 +117,7 @@ class InputDecision:
             "call_id": self.call_id,
             "values": self.values,
             "decider_id": self.decider_id,
+            "turn_digest": self.turn_digest,
         }
 
 
@@ -136,6 +151,11 @@ def _decider(raw: dict[str, Any]) -> int | None:
     return decider if isinstance(decider, int) and not isinstance(decider, bool) else None
 
 
+def _digest_of(raw: dict[str, Any]) -> str:
+    digest = raw.get("turn_digest")
+    return digest if isinstance(digest, str) else ""
+
+
 def parse_decision(raw: object) -> Decision:
     """A stored decision; ``Unreadable`` for a malformed one or an unknown kind."""
     if not isinstance(raw, dict):
@@ -145,13 +165,18 @@ def parse_decision(raw: object) -> Decision:
         approved = raw.get("approved")
         if not isinstance(approved, bool):
             raise Unreadable("loop_state.decision.approved is not true or false")
-        return ApprovalDecision(approved=approved, decider_id=_decider(raw))
+        return ApprovalDecision(
+            approved=approved, decider_id=_decider(raw), turn_digest=_digest_of(raw)
+        )
     if kind == INPUT:
         call_id = raw.get("call_id")
         if not isinstance(call_id, str):
             raise Unreadable("loop_state.decision has no call id")
         return InputDecision(
-            call_id=call_id, values=raw.get("values", {}), decider_id=_decider(raw)
+            call_id=call_id,
+            values=raw.get("values", {}),
+            decider_id=_decider(raw),
+            turn_digest=_digest_of(raw),
         )
     if kind == RECONCILIATION:
         verdict = raw.get("verdict")

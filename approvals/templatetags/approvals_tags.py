@@ -28,6 +28,12 @@ def is_long(text: str) -> bool:
 
 
 @register.filter
+def preview_text(value: Any) -> str:
+    """A preview's before/after value as text: a string as it is, anything else as JSON."""
+    return value if isinstance(value, str) else pretty_json(value)
+
+
+@register.filter
 def line_count(text: str) -> int:
     return text.count("\n") + 1
 

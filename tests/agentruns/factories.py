@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from agentruns.leases import Lease
 from agentruns.models import AgentConfiguration, AgentRun, Effect, Provider, Status
-from agentruns.turns import Call, PendingTurn, turn_digest
+from agentruns.turns import Call, LoopState, PendingTurn, Turn, turn_digest
 
 HOLDER = "worker:test-host:1"
 
@@ -58,6 +58,9 @@ IN_DOUBT_CALL = Call(
 IN_DOUBT_TURN = PendingTurn(
     kind="reconciliation", turn_digest=turn_digest([IN_DOUBT_CALL]), calls=(IN_DOUBT_CALL,)
 )
+# The loop states those traits leave: the turn the next segment executes (what a decision binds).
+WAITING_STATE = LoopState(iteration=1, turn=Turn(calls=list(WAITING_TURN.calls)))
+INPUT_STATE = LoopState(iteration=1, turn=Turn(calls=list(INPUT_TURN.calls)))
 WAITING_DIGEST = WAITING_TURN.turn_digest
 INPUT_DIGEST = INPUT_TURN.turn_digest
 IN_DOUBT_DIGEST = IN_DOUBT_TURN.turn_digest
@@ -106,11 +109,13 @@ class AgentRunFactory(factory.django.DjangoModelFactory):
             status=Status.WAITING_FOR_APPROVAL,
             lease_epoch=1,
             pending_turn=factory.LazyFunction(lambda: WAITING_TURN.to_json()),
+            loop_state=factory.LazyFunction(lambda: WAITING_STATE.to_json()),
         )
         waiting_for_input = factory.Trait(
             status=Status.WAITING_FOR_INPUT,
             lease_epoch=1,
             pending_turn=factory.LazyFunction(lambda: INPUT_TURN.to_json()),
+            loop_state=factory.LazyFunction(lambda: INPUT_STATE.to_json()),
         )
         in_doubt = factory.Trait(
             status=Status.WAITING_FOR_RECONCILIATION,

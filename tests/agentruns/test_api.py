@@ -219,6 +219,15 @@ def test_detail_shows_the_pending_turn_without_raw_state(api):
             "name": "create_note",
             "arguments": {"title": "t", "body": "b"},
             "effect": "non_idempotent_write",
+            "preview": {
+                "summary": "creates a note titled 't'",
+                "target": None,
+                "changes": [
+                    {"field": "title", "before": None, "after": "t"},
+                    {"field": "body", "before": None, "after": "b"},
+                ],
+            },
+            "preview_failed": None,
         }
     ]
 

@@ -451,3 +451,40 @@ def test_three_workers_over_200_queued_runs_finish_all_with_one_holder_each(proc
         holders.add(claims[0].segment)
     assert len(holders) >= 2, holders  # the work was really shared between processes
     print(f"runs per holder: {json.dumps(sorted(holders))}")
+
+
+# --- a worker killed while the model writes its final answer --------------------------------------
+
+
+def test_a_worker_killed_during_the_final_answer_is_completed_once_by_the_next(processes):
+    """Issue 11 §1 with real processes: the final answer and the completion are one write, so a
+    worker SIGKILLed while the model answers leaves no half-recorded answer; the next worker asks
+    again and the run completes with exactly one final answer."""
+    run = enqueue(
+        [
+            {"tool_calls": [{"name": "list_notes", "arguments": {}}]},
+            {"content": "all done", "delay": 8},
+        ]
+    )
+    first = processes.qcluster("worker-a", env=process_env())
+    wait_until(
+        lambda: len(events(run, EventKind.REQUEST)) == 2,
+        timeout=60,
+        message="worker A to ask for the final answer",
+        procs=[first],
+    )
+    first.kill_hard()
+    verdict = reap_one(run)
+    assert (verdict.rule, verdict.verdict) == (Rule.RECLAIM, Verdict.REQUEUED)
+    recorded = events(run, EventKind.LLM)
+    assert len(recorded) == 1 and recorded[0].payload["tool_calls"]  # only turn 1's answer
+
+    second = processes.qcluster("worker-b", env=process_env())
+    wait_until(status_is(run, Status.COMPLETED), timeout=90, procs=[second])
+    assert second.stop() == 0
+
+    done = row(run)
+    assert (done.output, done.termination_reason) == ("all done", "completed")
+    finals = [e for e in events(run, EventKind.LLM) if not e.payload["tool_calls"]]
+    assert [e.payload["content"] for e in finals] == ["all done"]
+    assert_no_two_holders(run)

@@ -30,6 +30,7 @@ from agentruns.turns import ApprovalDecision, InputDecision
 from tests.agentruns.factories import (
     IN_DOUBT_DIGEST,
     INPUT_DIGEST,
+    INPUT_STATE,
     INPUT_TURN,
     WAITING_DIGEST,
     AgentRunFactory,
@@ -107,6 +108,7 @@ def test_decide_inline_resumes_with_epoch_plus_one_and_a_resume_identity():
         "kind": "approval",
         "approved": True,
         "decider_id": decider.pk,
+        "turn_digest": "",
     }
     assert DIGEST in run.loop_state["decided_digests"]
     assert run.loop_state["iteration"] == 1
@@ -140,7 +142,10 @@ def test_decide_queued_hands_the_run_to_a_worker():
 def test_decide_input_wait():
     lease = start()
     assert run_suspend(
-        lease, status=Status.WAITING_FOR_INPUT, pending_turn=INPUT_TURN, loop_state={"iteration": 1}
+        lease,
+        status=Status.WAITING_FOR_INPUT,
+        pending_turn=INPUT_TURN,
+        loop_state=INPUT_STATE.to_json(),
     )
 
     decided = run_decide(

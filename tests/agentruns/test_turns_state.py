@@ -93,7 +93,12 @@ def test_with_decision_keeps_the_stored_state_and_bounds_the_decided_digests():
     state = with_decision(stored, decision=ApprovalDecision(approved=True), turn_digest="new")
 
     assert state["unknown"] == "kept" and state["iteration"] == 2
-    assert state["decision"] == {"kind": "approval", "approved": True, "decider_id": None}
+    assert state["decision"] == {
+        "kind": "approval",
+        "approved": True,
+        "decider_id": None,
+        "turn_digest": "",
+    }
     assert len(state["decided_digests"]) == 50 and state["decided_digests"][-1] == "new"
     assert stored["decided_digests"][-1] == "59"  # the stored value itself is not changed
 

@@ -115,6 +115,24 @@ def test_a_tampered_reconciliation_takes_no_verdict(api):
     assert not run.events.filter(kind=EventKind.RECONCILIATION).exists()
 
 
+@pytest.mark.parametrize("path", ["decision/", "decision/stream/"], ids=["batch", "stream"])
+def test_the_playground_decides_no_unreadable_run(client, staff, path):
+    run = waiting_for_approval()
+    turn_digest = tamper(run, name="update_note", arguments={"title": "harmless rename"})
+    client.force_login(staff)
+
+    response = client.post(
+        f"/playground/runs/{run.uuid}/{path}", {"approved": "1", "turn_digest": turn_digest}
+    )
+    body = b"".join(response.streaming_content) if response.streaming else response.content
+
+    assert response.status_code in (200, 302, 409), body[:300]
+    run.refresh_from_db()
+    assert run.status == Status.WAITING_FOR_APPROVAL
+    assert not run.events.filter(kind=EventKind.APPROVAL).exists()
+    assert not Note.objects.exists()
+
+
 # --- An input schema that cannot be used ---------------------------------------------------------
 
 UNUSABLE_SCHEMAS = {

@@ -14,7 +14,7 @@ from django.utils import timezone
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status
 from agentruns.transitions import run_start, run_suspend
-from agentruns.turns import Call, PendingTurn
+from agentruns.turns import Call, LoopState, PendingTurn, Turn
 from tests.agentruns.factories import AgentConfigurationFactory
 
 ME = "interactive:host-a:100"
@@ -23,6 +23,10 @@ REAPER = "reaper:host-d:400"
 CALL = {"id": "call_1_0", "name": "create_note", "arguments": {"title": "t"}}
 TURN = PendingTurn.for_approval([Call(**CALL, effect=Effect.NON_IDEMPOTENT_WRITE)])
 DIGEST = TURN.turn_digest
+
+
+#: The loop state a segment suspended on ``TURN`` leaves: the turn a decision lets run.
+STATE = LoopState(iteration=1, turn=Turn(calls=list(TURN.calls))).to_json()
 
 
 def approval_turn(digest: str = DIGEST) -> PendingTurn:
@@ -63,7 +67,7 @@ def suspend(lease: Lease, digest: str = DIGEST, status: str = Status.WAITING_FOR
         lease,
         status=status,
         pending_turn=approval_turn(digest),
-        loop_state={"iteration": 1},
+        loop_state=STATE,
     )
 
 

@@ -199,8 +199,8 @@ def test_every_card_type_in_one_inbox(browser, live_server, decider, initiator, 
     assert sorted(k.lower() for k in kinds) == sorted(
         ["waiting for reconciliation", "awaiting approval", "waiting for input", "unreadable"]
     )
-    assert page.locator("details").count() == 1  # the long arguments fold away
-    assert "Customer <b>escalation</b>" in page.locator("details pre").text_content()
+    assert page.locator("details.approvals-args").count() == 1  # the long arguments fold away
+    assert "Customer <b>escalation</b>" in page.locator("details.approvals-args pre").text_content()
 
     levels = [
         int(tag[1])

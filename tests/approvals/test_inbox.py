@@ -60,8 +60,10 @@ def test_long_arguments_fold_into_details(client, decider, initiator):
     start_waiting_run(initiator=initiator, arguments={"title": "Short", "body": "brief"})
     client.force_login(decider)
     html = page(client)
-    assert html.count("<details") == 1
+    assert html.count('<details class="approvals-args">') == 1
     assert "<summary>Arguments (4 lines" in html
+    # The preview's long value folds too, the short one does not.
+    assert html.count("<details><summary>2000 characters, 1 lines</summary>") == 1
 
 
 def test_cards_come_oldest_first_and_paginate(client, decider):

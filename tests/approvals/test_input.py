@@ -102,6 +102,10 @@ def crafted_input_run(schema) -> AgentRun:
             "input_schema": schema,
             "turn_digest": turn_digest([call], input_schema=schema),
         },
+        loop_state={
+            "iteration": 1,
+            "turn": {"calls": [{**call, "effect": "read"}], "done": [], "approved": None},
+        },
     )
 
 

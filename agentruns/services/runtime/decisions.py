@@ -9,33 +9,72 @@ Applying it again (a segment that died before its first boundary) gives the same
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from agentruns.leases import EventSpec
 from agentruns.models import Effect, EventKind
 from agentruns.tools import ToolResult
 from agentruns.turns import (
     ApprovalDecision,
     Call,
-    InputDecision,
     LoopState,
     ReconciliationDecision,
     Turn,
+    turn_digest,
 )
 
+#: The input schema a tool declares now (``None``: the tool is gone or asks for no input).
+SchemaOf = Callable[[str], dict[str, Any] | None]
 
-def apply_decision(state: LoopState) -> list[EventSpec]:
+
+def apply_decision(state: LoopState, *, input_schema_of: SchemaOf) -> list[EventSpec]:
     """Take the stored decision out of ``state`` and apply it to ``state.turn``; the events that
-    records (a reconciliation verdict: the in-doubt call's ``tool`` event)."""
+    records (a reconciliation verdict: the in-doubt call's ``tool`` event).
+
+    An approval or input is applied only to the turn it was given for: its digest is recomputed
+    from the turn about to run (an input's with the tool's schema now, ``input_schema_of``).
+    On a mismatch nothing of it is applied — the turn waits for a decision again, with a fresh
+    card — and a ``verification`` event says why.
+    """
     decision, state.decision = state.decision, None
     turn = state.turn
     if isinstance(decision, ReconciliationDecision):
         return [_reconciled(turn, decision)]
-    if turn is None:
+    if turn is None or decision is None:
         return []
     if isinstance(decision, ApprovalDecision):
-        turn.approved = decision.approved
-    elif isinstance(decision, InputDecision):
-        turn.inputs[decision.call_id] = decision.values
+        if not decision.approved:
+            turn.approved = False  # a denial lets nothing run: nothing to verify
+            return []
+        executing = turn_digest(turn.open_calls())
+        if executing != decision.turn_digest:
+            return [_mismatch(decision.kind, decision.turn_digest, executing)]
+        turn.approved = True
+        return []
+    call = turn.call(decision.call_id)
+    schema = input_schema_of(call.name) if call is not None else None
+    executing = (
+        turn_digest([call], input_schema=schema) if call is not None and schema is not None else ""
+    )
+    if executing != decision.turn_digest:
+        return [_mismatch(decision.kind, decision.turn_digest, executing)]
+    turn.inputs[decision.call_id] = decision.values
     return []
+
+
+def _mismatch(kind: str, decided: str, executing: str) -> EventSpec:
+    return EventSpec(
+        EventKind.VERIFICATION,
+        {
+            "decision": kind,
+            "verdict": "mismatch",
+            "decided_digest": decided,
+            "executing_digest": executing,
+            "message": f"the turn about to run is not the one the {kind} was given for: "
+            "nothing of it ran, and it waits for a decision again",
+        },
+    )
 
 
 def _reconciled(turn: Turn | None, decision: ReconciliationDecision) -> EventSpec:

@@ -9,13 +9,19 @@ is requeued with an exponential backoff.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
-from agentruns import conf
-from agentruns.models import TerminationReason
+from agentruns import conf, transitions
+from agentruns.exceptions import StateWriteFailed
+from agentruns.leases import EventSpec, Lease
+from agentruns.models import AgentRun, EventKind, Status, TerminationReason
 from agentruns.providers.base import ProviderError
+from agentruns.services.runtime.results import Outcome, Stop
 from agentruns.turns import LoopState
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -53,3 +59,34 @@ def totals(state: LoopState, *, truncated: bool) -> dict[str, Any]:
         "truncated": truncated,
         "loop_state": state.to_json(),
     }
+
+
+def settle_internal_error(lease: Lease, state: LoopState, exc: Exception) -> Stop:
+    """After an unexpected exception in a segment (a bug, a raising observer, a registry error):
+    log it, record an ``error`` event (type and message) and settle the run ``failed`` /
+    ``internal_error`` under ``lease`` — unless a write is fenced, where the reaper's fence rule
+    decides as for a dead segment (docs/design.md §7.4). What the failed step left unwritten is
+    not recorded."""
+    logger.exception("run %s: unexpected error in the segment", lease.uuid)
+    error = {"type": type(exc).__name__, "message": str(exc)[:500]}
+    fenced = (
+        AgentRun.objects.filter(pk=lease.run_id).values_list("pending_effect", flat=True).first()
+    )
+    if fenced:
+        return Stop.of(Outcome.FAILED, error="internal_error", fenced=fenced)
+    try:
+        settled = transitions.run_settle(
+            run_id=lease.run_id,
+            lease=lease,
+            status=Status.FAILED,
+            reason=TerminationReason.INTERNAL_ERROR,
+            error=error,
+            totals=totals(state, truncated=False),
+            events=[EventSpec(EventKind.ERROR, dict(error))],
+        )
+    except StateWriteFailed:
+        logger.error("run %s: could not settle after an internal error", lease.uuid)
+        settled = False
+    if not settled:  # lost or cancelled meanwhile: the first outcome stands
+        return Stop.of(Outcome.FAILED, error="internal_error")
+    return Stop.of(Outcome.FAILED, reason=TerminationReason.INTERNAL_ERROR)

@@ -16,7 +16,6 @@ the segment ended; the loop returns the first ``Stop``.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from agentruns import conf, transitions
@@ -31,9 +30,17 @@ from agentruns.models import (
     Status,
     TerminationReason,
 )
-from agentruns.providers import ProviderError, ProviderReply, provider_for
 from agentruns.services.runtime.decisions import apply_decision
-from agentruns.services.runtime.failures import provider_error, retry_policy, totals
+from agentruns.services.runtime.failures import (
+    settle_internal_error,
+    totals,
+)
+from agentruns.services.runtime.previews import (
+    make_preview,
+    preview_changed_event,
+    preview_open_calls,
+)
+from agentruns.services.runtime.provider_step import ProviderStep
 from agentruns.services.runtime.results import (
     EventObserver,
     Outcome,
@@ -42,27 +49,31 @@ from agentruns.services.runtime.results import (
     Stop,
 )
 from agentruns.services.runtime.ticker import LeaseTicker
-from agentruns.services.runtime.tool_step import ToolGate, execute_tool_call
+from agentruns.services.runtime.tool_step import (
+    ToolGate,
+    denied_event,
+    execute_tool_call,
+    refused_event,
+)
 from agentruns.services.runtime.transcript import (
-    DENIED_MESSAGE,
     NotRehydratable,
     message_for_event,
     rehydrate,
-    unique_call_ids,
 )
-from agentruns.tools import Tool, ToolResult
-from agentruns.tools.registry import overlay_input
+from agentruns.tools import Tool
+from agentruns.tools.registry import argument_errors, overlay_input
 from agentruns.turns import (
     Call,
     LoopState,
     PendingTurn,
+    Preview,
     Turn,
 )
 
 logger = logging.getLogger(__name__)
 
 
-class RunSegment:
+class RunSegment(ProviderStep):
     """One stretch of execution of a run under ``lease``.
 
     ``retry`` (workers only) schedules a delayed wake-up after a retryable failure was requeued;
@@ -103,6 +114,8 @@ class RunSegment:
             # resumes the run from its last boundary; nothing half-written is announced.
             logger.error("run %s: state write failed: %s", self.lease.uuid, exc)
             stop = Stop.of(Outcome.FAILED, error=exc.code)
+        except Exception as exc:
+            stop = settle_internal_error(self.lease, self.state, exc)
         return SegmentResult(stop.outcome, self._reload(), stop.detail)
 
     def _reload(self) -> AgentRun:
@@ -186,7 +199,7 @@ class RunSegment:
     # -- the loop --
 
     def _loop(self) -> Stop:
-        decision_events = apply_decision(self.state)
+        decision_events = apply_decision(self.state, input_schema_of=self.gate.input_schema)
         if decision_events and (stop := self._boundary(decision_events)):
             return stop
         # Otherwise no boundary here: the claim that started this segment just renewed the
@@ -194,6 +207,10 @@ class RunSegment:
         # applied) and notices a cancel. Should the segment die before that, only reads can
         # have run, and the next segment re-applies the stored decision (idempotent).
         cap = self._round_cap()
+        if self.state.turn is None and (recorded := self._answered()) is not None:
+            # A final answer recorded before it was settled (a row from before the answer and
+            # its settle became one write): settle from it, never ask the model again.
+            return self._settle_completed(recorded, None, truncated=self.state.iteration >= cap)
         while True:
             if self.state.turn is not None:
                 if stop := self._run_turn(self.state.turn):
@@ -204,9 +221,18 @@ class RunSegment:
             answer = self._call_provider(final=final)
             if isinstance(answer, Stop):
                 return answer
-            if final or not answer.tool_calls:
-                return self._settle_completed(answer, truncated=final)
+            reply, answered = answer
+            if final or not reply.tool_calls:
+                # The final answer is recorded by the settle itself: one write, no gap.
+                return self._settle_completed(reply.content or "", answered, truncated=final)
             # Otherwise the turn was saved with the llm event; the next pass executes it.
+
+    def _answered(self) -> str | None:
+        """The content of the dialogue's final answer, when it ends with one."""
+        last = self.messages[-1] if self.messages else {}
+        if last.get("role") == "assistant" and not last.get("tool_calls"):
+            return str(last.get("content") or "")
+        return None
 
     def _round_cap(self) -> int:
         limit = int(conf.get("MAX_ITERATIONS"))
@@ -218,12 +244,12 @@ class RunSegment:
     # -- a turn --
 
     def _run_turn(self, turn: Turn) -> Stop | None:
-        if turn.approved is None and any(self.gate.needs_approval(c.name) for c in turn.calls):
-            return self._suspend(
-                Status.WAITING_FOR_APPROVAL,
-                PendingTurn.for_approval(self.gate.shown(c) for c in turn.calls),
-                Outcome.AWAITING_APPROVAL,
-            )
+        if stop := self._answer_invalid_arguments(turn):
+            return stop
+        if turn.approved is None and any(
+            self.gate.needs_approval(c.name) for c in turn.open_calls()
+        ):
+            return self._suspend_for_approval(turn)
         for index, call in enumerate(turn.calls):
             last_of_turn = index == len(turn.calls) - 1
             if call.id in turn.done:
@@ -240,29 +266,76 @@ class RunSegment:
                     return self._suspend_for_input(call, tool)
                 arguments = overlay_input(tool, call.arguments, values)
                 stop = self._execute(turn, call, tool, arguments, last_of_turn=last_of_turn)
+            elif (stop := self._preview_changed(turn, call, tool)) is not None:
+                return stop
             else:
                 stop = self._execute(turn, call, tool, call.arguments, last_of_turn=last_of_turn)
             if stop:
                 return stop
         return None
 
+    # -- previews --
+
+    def _preview(self, tool: Tool, call: Call) -> Preview | None:
+        return make_preview(
+            tool,
+            call,
+            run_uuid=self.run.uuid,
+            initiator_id=self.run.initiator_id,
+            fencing_token=self.lease.epoch,
+        )
+
+    def _suspend_for_approval(self, turn: Turn) -> Stop:
+        """Suspend for a decision on the turn's open calls, each write previewed first (the
+        previews are kept on the turn too: the digest that binds the decision covers them)."""
+        with LeaseTicker(self.lease):
+            preview_open_calls(turn, tool_of=self.gate.available, preview=self._preview)
+        return self._suspend(
+            Status.WAITING_FOR_APPROVAL,
+            PendingTurn.for_approval(self.gate.shown(c) for c in turn.open_calls()),
+            Outcome.AWAITING_APPROVAL,
+        )
+
+    def _preview_changed(self, turn: Turn, call: Call, tool: Tool | None) -> Stop | None:
+        """Compare-and-swap: before an approved call whose approval showed a preview runs, the
+        preview is made again. ``None``: the same (or nothing to compare) — run it. Otherwise
+        nothing runs: a ``verification`` event records both previews and the turn waits for
+        approval again on a fresh card. Off when the configuration keeps previews as
+        snapshots."""
+        approved = call.preview
+        if (
+            tool is None
+            or approved is None
+            or not approved.ok
+            or turn.approved is not True
+            or self.config.preview_is_snapshot
+        ):
+            return None
+        with LeaseTicker(self.lease) as ticker:
+            fresh = self._preview(tool, call)
+        if ticker.lost:
+            return self._lost(at="preview")
+        if approved.same_as(fresh):
+            return None
+        turn.approved = None
+        changed = preview_changed_event(call, approved, fresh)
+        return self._boundary([changed]) or self._suspend_for_approval(turn)
+
+    def _answer_invalid_arguments(self, turn: Turn) -> Stop | None:
+        """Calls whose arguments break their tool's schema are answered to the model as errors
+        at once — never shown for approval, never run."""
+        refused = []
+        for call in turn.open_calls():
+            tool = self.gate.available(call.name)
+            reason = argument_errors(tool, call.arguments) if tool is not None else None
+            if reason is not None:
+                turn.done.append(call.id)
+                refused.append(refused_event(call, reason))
+        return self._boundary(refused) if refused else None
+
     def _record_denied(self, turn: Turn, call: Call, *, last_of_turn: bool) -> Stop | None:
         turn.done.append(call.id)
-        content = ToolResult(ok=False, content=None, error=DENIED_MESSAGE).as_message_content()
-        event = EventSpec(
-            EventKind.TOOL,
-            {
-                "call_id": call.id,
-                "name": call.name,
-                "arguments": call.arguments,
-                "effect": call.effect or None,
-                "outcome": "denied",
-                "ok": False,
-                "error": DENIED_MESSAGE,
-                "content": content,
-            },
-        )
-        return self._step_done([event], clear_fence=False, last_of_turn=last_of_turn)
+        return self._step_done([denied_event(call)], clear_fence=False, last_of_turn=last_of_turn)
 
     def _execute(
         self, turn: Turn, call: Call, tool: Tool | None, arguments: Any, *, last_of_turn: bool
@@ -324,98 +397,6 @@ class RunSegment:
         pending = PendingTurn.for_input(asking, tool.input_schema or {})
         return self._suspend(Status.WAITING_FOR_INPUT, pending, Outcome.AWAITING_INPUT)
 
-    # -- the provider --
-
-    def _offered_tools(self) -> list[dict[str, Any]]:
-        return self.gate.offered()
-
-    def _call_provider(self, *, final: bool) -> ProviderReply | Stop:
-        tools = [] if final else self._offered_tools()
-        request = EventSpec(
-            EventKind.REQUEST,
-            {
-                "iteration": self.state.iteration,
-                "final": final,
-                "messages": list(self.messages),
-                "tools": [t["function"]["name"] for t in tools],
-            },
-        )
-        if stop := self._boundary([request]):
-            return stop
-        provider = provider_for(self.config, self.request)
-        started = time.monotonic()
-        with LeaseTicker(self.lease) as ticker:
-            try:
-                reply = provider.complete(
-                    messages=list(self.messages), tools=tools, run_uuid=str(self.run.uuid)
-                )
-            except ProviderError as exc:
-                failure: ProviderError | None = exc
-            else:
-                failure = None
-        if failure is not None:
-            if ticker.lost:
-                return self._lost(at="provider")
-            return self._provider_failed(failure)
-        duration_ms = int((time.monotonic() - started) * 1000)
-        self.state.iteration += 1
-        self.state.usage.add(reply.usage)
-        calls = (
-            [] if final else unique_call_ids(reply.tool_calls, self.messages, self.state.iteration)
-        )
-        if calls:
-            # Each call keeps the effect its tool declares now (shown if the turn waits).
-            self.state.turn = Turn(
-                calls=[
-                    Call(
-                        id=c.id, name=c.name, arguments=c.arguments, effect=self.gate.effect(c.name)
-                    )
-                    for c in calls
-                ]
-            )
-        answered = EventSpec(
-            EventKind.LLM,
-            {
-                "iteration": self.state.iteration,
-                "final": final,
-                "content": reply.content,
-                "tool_calls": [
-                    {"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls
-                ],
-                "usage": dict(reply.usage),
-                "model": reply.model,
-            },
-            duration_ms=duration_ms,
-        )
-        if ticker.lost:  # the ticker's renewal matched no row while the model answered
-            return self._lost(at="provider", completed=[answered])
-        return self._boundary([answered]) or reply
-
-    def _provider_failed(self, exc: ProviderError) -> Stop:
-        error = provider_error(exc)
-        verdict = retry_policy(
-            exc, can_retry=self.retry is not None, requeue_count=self.run.requeue_count
-        )
-        if verdict.settle_reason is not None:
-            stop = self._settle(Status.FAILED, verdict.settle_reason, error=error)
-            return stop or Stop.of(Outcome.FAILED, reason=verdict.settle_reason)
-        delay = float(verdict.retry_in_seconds or 0)
-        requeued = transitions.run_requeue(
-            self.lease,
-            error=error,
-            events=[
-                EventSpec(
-                    EventKind.LEASE,
-                    {"action": "requeued", "retry_in_seconds": delay, "error": error},
-                )
-            ],
-        )
-        if not requeued:
-            return self._lost()
-        assert self.retry is not None  # retry_policy retries only with a scheduler
-        self.retry(self.run, delay)
-        return Stop.of(Outcome.REQUEUED, retry_in_seconds=delay)
-
     # -- endings --
 
     def _settle(
@@ -426,8 +407,10 @@ class RunSegment:
         output: str = "",
         error: dict[str, Any] | None = None,
         truncated: bool = False,
+        events: list[EventSpec] | None = None,
     ) -> Stop | None:
-        """End the run in ``status`` with ``reason`` under the lease. ``None``: settled."""
+        """End the run in ``status`` with ``reason`` under the lease, appending ``events`` in the
+        same write. ``None``: settled."""
         if stop := self._flush():
             return stop
         settled = transitions.run_settle(
@@ -438,13 +421,25 @@ class RunSegment:
             output=output,
             error=error,
             totals=totals(self.state, truncated=truncated),
+            events=events or (),
         )
-        return None if settled else self._lost()
+        if not settled:
+            return self._lost(completed=events)
+        if self.observer is not None:
+            for spec in events or ():
+                self.observer(spec)
+        return None
 
-    def _settle_completed(self, reply: ProviderReply, *, truncated: bool) -> Stop:
+    def _settle_completed(
+        self, output: str, answered: EventSpec | None, *, truncated: bool
+    ) -> Stop:
         reason = TerminationReason.MAX_ITERATIONS if truncated else TerminationReason.COMPLETED
         stop = self._settle(
-            Status.COMPLETED, reason, output=reply.content or "", truncated=truncated
+            Status.COMPLETED,
+            reason,
+            output=output,
+            truncated=truncated,
+            events=[answered] if answered is not None else None,
         )
         return stop or Stop.of(Outcome.COMPLETED, reason=reason)
 

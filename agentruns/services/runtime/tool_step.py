@@ -17,9 +17,10 @@ from uuid import UUID
 
 from agentruns import conf, transitions
 from agentruns.exceptions import WriteWithoutDurableExecution
-from agentruns.leases import Lease
-from agentruns.models import WRITE_EFFECTS, AgentConfiguration, Effect
+from agentruns.leases import EventSpec, Lease
+from agentruns.models import WRITE_EFFECTS, AgentConfiguration, Effect, EventKind
 from agentruns.services.runtime.ticker import LeaseTicker
+from agentruns.services.runtime.transcript import DENIED_MESSAGE
 from agentruns.tools import Tool, ToolContext, ToolResult, invoke_tool, registry
 from agentruns.turns import Call
 
@@ -58,6 +59,10 @@ class ToolGate:
         tool = self.available(name)
         return True if tool is None else tool.needs_approval
 
+    def input_schema(self, name: str) -> dict[str, Any] | None:
+        tool = self.available(name)
+        return tool.input_schema if tool is not None else None
+
     def offered(self) -> list[dict[str, Any]]:
         """The OpenAI-style schemas of the tools offered to the model, in configured order."""
         names = self.allowed or tuple(t.name for t in registry.all())
@@ -84,6 +89,7 @@ class ToolGate:
             source=tool.source if tool is not None else "unknown",
             hints=dict(tool.hints) if tool is not None else {},
             detailed=True,
+            preview=call.preview,
         )
 
 
@@ -166,3 +172,39 @@ def execute_tool_call(
             result = invoke_tool(tool, arguments, context)
         lost = ticker.lost
     return ToolStep(result, int((time.monotonic() - started) * 1000), lost)
+
+
+def denied_event(call: Call) -> EventSpec:
+    """The ``tool`` event of a call that was denied: the model is told it did not run."""
+    content = ToolResult(ok=False, content=None, error=DENIED_MESSAGE).as_message_content()
+    return EventSpec(
+        EventKind.TOOL,
+        {
+            "call_id": call.id,
+            "name": call.name,
+            "arguments": call.arguments,
+            "effect": call.effect or None,
+            "outcome": "denied",
+            "ok": False,
+            "error": DENIED_MESSAGE,
+            "content": content,
+        },
+    )
+
+
+def refused_event(call: Call, reason: str) -> EventSpec:
+    """The ``tool`` event of a call whose arguments break its tool's schema: refused when the
+    model proposed it, so no person is asked to approve it; the model reads why."""
+    return EventSpec(
+        EventKind.TOOL,
+        {
+            "call_id": call.id,
+            "name": call.name,
+            "arguments": call.arguments,
+            "effect": call.effect or None,
+            "outcome": "invalid_arguments",
+            "ok": False,
+            "error": reason,
+            "content": ToolResult.failure(reason).as_message_content(),
+        },
+    )

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentruns', '0003_agentrun_without_use_playground'),
+        ('agentruns', '0006_run_internal_error_and_error_events'),
     ]
 
     operations = [

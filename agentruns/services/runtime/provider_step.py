@@ -1,0 +1,144 @@
+"""The provider step of a segment: the ``request`` boundary, the model call under the lease
+ticker, the ``llm`` event and the turn it proposes, and what a provider failure does
+(docs/design.md §6, §7.1). A mixin of ``RunSegment``, which provides the boundaries."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agentruns import transitions
+from agentruns.leases import EventSpec, Lease
+from agentruns.models import AgentConfiguration, AgentRun, EventKind, Status
+from agentruns.providers import ProviderError, ProviderReply, provider_for
+from agentruns.services.runtime.failures import provider_error, retry_policy
+from agentruns.services.runtime.results import Outcome, RetryScheduler, Stop
+from agentruns.services.runtime.ticker import LeaseTicker
+from agentruns.services.runtime.tool_step import ToolGate
+from agentruns.services.runtime.transcript import unique_call_ids
+from agentruns.turns import Call, LoopState, Turn
+
+
+class ProviderStep:
+    """Asks the model for the next turn. Needs the segment's state and its boundaries."""
+
+    lease: Lease
+    run: AgentRun
+    config: AgentConfiguration
+    request: dict[str, Any]
+    state: LoopState
+    messages: list[dict[str, Any]]
+    gate: ToolGate
+    retry: RetryScheduler | None
+
+    def _boundary(self, events: list[EventSpec], *, clear_fence: bool = False) -> Stop | None:
+        raise NotImplementedError
+
+    def _lost(self, *, completed: list[EventSpec] | None = None, **detail: Any) -> Stop:
+        raise NotImplementedError
+
+    def _settle(
+        self,
+        status: str,
+        reason: str,
+        *,
+        output: str = "",
+        error: dict[str, Any] | None = None,
+        truncated: bool = False,
+        events: list[EventSpec] | None = None,
+    ) -> Stop | None:
+        raise NotImplementedError
+
+    # -- the provider --
+
+    def _offered_tools(self) -> list[dict[str, Any]]:
+        return self.gate.offered()
+
+    def _call_provider(self, *, final: bool) -> tuple[ProviderReply, EventSpec] | Stop:
+        tools = [] if final else self._offered_tools()
+        request = EventSpec(
+            EventKind.REQUEST,
+            {
+                "iteration": self.state.iteration,
+                "final": final,
+                "messages": list(self.messages),
+                "tools": [t["function"]["name"] for t in tools],
+            },
+        )
+        if stop := self._boundary([request]):
+            return stop
+        provider = provider_for(self.config, self.request)
+        started = time.monotonic()
+        with LeaseTicker(self.lease) as ticker:
+            try:
+                reply = provider.complete(
+                    messages=list(self.messages), tools=tools, run_uuid=str(self.run.uuid)
+                )
+            except ProviderError as exc:
+                failure: ProviderError | None = exc
+            else:
+                failure = None
+        if failure is not None:
+            if ticker.lost:
+                return self._lost(at="provider")
+            return self._provider_failed(failure)
+        duration_ms = int((time.monotonic() - started) * 1000)
+        self.state.iteration += 1
+        self.state.usage.add(reply.usage)
+        calls = (
+            [] if final else unique_call_ids(reply.tool_calls, self.messages, self.state.iteration)
+        )
+        if calls:
+            # Each call keeps the effect its tool declares now (shown if the turn waits).
+            self.state.turn = Turn(
+                calls=[
+                    Call(
+                        id=c.id, name=c.name, arguments=c.arguments, effect=self.gate.effect(c.name)
+                    )
+                    for c in calls
+                ]
+            )
+        answered = EventSpec(
+            EventKind.LLM,
+            {
+                "iteration": self.state.iteration,
+                "final": final,
+                "content": reply.content,
+                "tool_calls": [
+                    {"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls
+                ],
+                "usage": dict(reply.usage),
+                "model": reply.model,
+            },
+            duration_ms=duration_ms,
+        )
+        if ticker.lost:  # the ticker's renewal matched no row while the model answered
+            return self._lost(at="provider", completed=[answered])
+        if final or not calls:
+            return reply, answered  # the final answer: written with the settle
+        return self._boundary([answered]) or (reply, answered)
+
+    def _provider_failed(self, exc: ProviderError) -> Stop:
+        error = provider_error(exc)
+        verdict = retry_policy(
+            exc, can_retry=self.retry is not None, requeue_count=self.run.requeue_count
+        )
+        if verdict.settle_reason is not None:
+            stop = self._settle(Status.FAILED, verdict.settle_reason, error=error)
+            return stop or Stop.of(Outcome.FAILED, reason=verdict.settle_reason)
+        delay = float(verdict.retry_in_seconds or 0)
+        requeued = transitions.run_requeue(
+            self.lease,
+            error=error,
+            events=[
+                EventSpec(
+                    EventKind.LEASE,
+                    {"action": "requeued", "retry_in_seconds": delay, "error": error},
+                )
+            ],
+        )
+        if not requeued:
+            return self._lost()
+        assert self.retry is not None  # retry_policy retries only with a scheduler
+        self.retry(self.run, delay)
+        return Stop.of(Outcome.REQUEUED, retry_in_seconds=delay)

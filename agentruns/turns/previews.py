@@ -1,0 +1,147 @@
+"""A preview of a write: what an approver is shown will change, stored with the call it previews
+and covered by the turn's digest (docs/design.md §5.10).
+
+A tool's ``preview(context, arguments)`` returns a ``Preview`` (or a mapping of the same shape);
+``Preview.bounded`` keeps what is stored small and safe to show: at most ``MAX_CHANGES`` changes,
+each value cut at ``MAX_VALUE_CHARS`` with a mark. A preview that failed is stored as such, with
+the exception's class only (its text can carry credentials).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agentruns.turns.calls import Unreadable, _object, canonical_json
+
+MAX_CHANGES = 20
+MAX_VALUE_CHARS = 2000
+MAX_SUMMARY_CHARS = 500
+MAX_TARGET_CHARS = 300
+CUT_MARK = "… [cut]"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - len(CUT_MARK)] + CUT_MARK
+
+
+def _bounded_value(value: Any) -> Any:
+    """A JSON value as stored: short scalars as they are; a long string, or a structure whose
+    JSON is long, becomes a cut string."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return _cut(value, MAX_VALUE_CHARS)
+    text = canonical_json(value)
+    return value if len(text) <= MAX_VALUE_CHARS else _cut(text, MAX_VALUE_CHARS)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One field the write changes: its value before (``None``: it does not exist yet) and
+    after."""
+
+    field: str
+    before: Any = None
+    after: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"field": self.field, "before": self.before, "after": self.after}
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What a write will change: a ``summary``, an optional ``target`` (what it acts on) and its
+    ``changes``; or, when the preview could not be made, ``failed`` (an exception class name)."""
+
+    summary: str = ""
+    target: str | None = None
+    changes: tuple[Change, ...] = ()
+    failed: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    @classmethod
+    def failure(cls, reason: str) -> Preview:
+        return cls(failed=_cut(reason or "Error", 100))
+
+    @classmethod
+    def bounded(cls, value: Preview | Mapping[str, Any]) -> Preview:
+        """``value`` (what a tool's preview returned) as stored: summary, target and values cut,
+        at most ``MAX_CHANGES`` changes (the summary says how many more there were).
+        ``ValueError`` when it is not a preview's shape."""
+        summary: object
+        target: object
+        if isinstance(value, Preview):
+            summary, target = value.summary, value.target
+            raw_changes: list[Any] = [c.to_json() for c in value.changes]
+        elif isinstance(value, Mapping):
+            summary, target = value.get("summary"), value.get("target")
+            raw_changes = list(value.get("changes") or [])
+        else:
+            raise ValueError(f"a preview is a Preview or a mapping, not {type(value).__name__}")
+        if not isinstance(summary, str) or not summary.strip():
+            raise ValueError("a preview needs a summary")
+        if target is not None and not isinstance(target, str):
+            raise ValueError("a preview's target is a string or None")
+        changes = []
+        for raw in raw_changes[:MAX_CHANGES]:
+            if not isinstance(raw, Mapping) or not isinstance(raw.get("field"), str):
+                raise ValueError("each change is {field, before, after}")
+            changes.append(
+                Change(
+                    field=_cut(raw["field"], 200),
+                    before=_bounded_value(raw.get("before")),
+                    after=_bounded_value(raw.get("after")),
+                )
+            )
+        more = len(raw_changes) - len(changes)
+        if more > 0:
+            summary = f"{summary} (and {more} more change{'s' if more > 1 else ''} not shown)"
+        return cls(
+            summary=_cut(summary.strip(), MAX_SUMMARY_CHARS),
+            target=_cut(target, MAX_TARGET_CHARS) if target is not None else None,
+            changes=tuple(changes),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        if self.failed:
+            return {"failed": self.failed}
+        return {
+            "summary": self.summary,
+            "target": self.target,
+            "changes": [change.to_json() for change in self.changes],
+        }
+
+    def same_as(self, other: Preview | None) -> bool:
+        """Whether ``other`` shows exactly this (compared as stored JSON)."""
+        return other is not None and canonical_json(self.to_json()) == canonical_json(
+            other.to_json()
+        )
+
+    @classmethod
+    def parse(cls, raw: object, *, where: str) -> Preview:
+        data = _object(raw, where)
+        if "failed" in data:
+            failed = data["failed"]
+            if not isinstance(failed, str) or not failed:
+                raise Unreadable(f"{where} is a failed preview without a reason")
+            return cls(failed=failed)
+        try:
+            parsed = cls.bounded(data)
+        except ValueError as exc:
+            raise Unreadable(f"{where} is malformed: {exc}") from exc
+        if not parsed.same_as(cls._exact(data)):
+            raise Unreadable(f"{where} is not bounded as stored previews are")
+        return parsed
+
+    @classmethod
+    def _exact(cls, data: Mapping[str, Any]) -> Preview:
+        changes = tuple(
+            Change(field=c["field"], before=c.get("before"), after=c.get("after"))
+            for c in data.get("changes") or []
+        )
+        return cls(summary=data["summary"], target=data.get("target"), changes=changes)
