@@ -78,6 +78,8 @@ class EventKind(models.TextChoices):
     VERIFICATION = "verification", "verification"
     # An unexpected exception ended the segment (its type and message; the traceback is logged).
     ERROR = "error", "error"
+    # A non-idempotent write's outcome is unknown (its tool said so): the run waits for a person.
+    IN_DOUBT = "in_doubt", "outcome unknown"
 
 
 class Segment(models.TextChoices):

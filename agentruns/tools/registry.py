@@ -44,6 +44,14 @@ Resolver = Callable[[str], "Tool | None"]
 Lister = Callable[[], Iterable["Tool"]]
 
 
+class OutcomeUnknown(Exception):
+    """Raised by a tool when the outcome of its call is not known: a timeout or a lost connection
+    after the request may have been sent. For a non-idempotent write the run then waits for
+    reconciliation instead of telling the model the call failed (docs/design.md §9.1). A definite
+    answer — an HTTP status, an error result, a refusal before anything was sent — is a result,
+    not this."""
+
+
 class ToolDefinitionError(ImproperlyConfigured):
     """A tool definition was refused at registration (bad name, schema, effect or a clash)."""
 
@@ -354,11 +362,13 @@ def tool(
 
 @dataclass(frozen=True)
 class ToolResult:
-    """The outcome of one call. ``ok`` False means the body failed or never ran (``error``)."""
+    """The outcome of one call. ``ok`` False means the body failed or never ran (``error``).
+    ``in_doubt``: the tool could not tell whether its effect happened (``OutcomeUnknown``)."""
 
     ok: bool
     content: Any  # JSON-serialisable; what the model sees
     error: str = ""
+    in_doubt: bool = False
 
     @classmethod
     def success(cls, content: Any) -> ToolResult:
@@ -421,6 +431,11 @@ def invoke_tool(tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
         return ToolResult.failure(refused)
     try:
         returned = tool.func(context, copy.deepcopy(dict(arguments)))
+    except OutcomeUnknown as exc:
+        logger.warning("tool %r: outcome unknown (call %s): %s", tool.name, context.call_id, exc)
+        return ToolResult(
+            ok=False, content=None, error=_truncate(f"outcome unknown: {exc}"), in_doubt=True
+        )
     except Exception as exc:
         logger.exception("tool %r failed (call %s)", tool.name, context.call_id)
         return ToolResult.failure(_truncate(f"{type(exc).__name__}: {exc}"))

@@ -14,7 +14,9 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.db.models.functions import Now
+from django.test import override_settings
 from django.utils import timezone
 from django_q.models import OrmQ, Task
 
@@ -301,7 +303,11 @@ def test_a_web_process_killed_during_an_inline_webhook_leaves_the_run_in_doubt(
 ):
     env = process_env(AGENTRUNS_WEBHOOK_ALLOWLIST=holding_server.netloc)
     call = {"name": "call_webhook", "arguments": {"url": holding_server.url(), "payload": {}}}
-    run = start_sync([{"tool_calls": [call]}, {"content": "sent"}])
+    # The same allowlist here as in the web process: the approver's preview ("POST … to …")
+    # must be what the web process computes again before it sends (compare-and-swap).
+    allowed = {**settings.AGENTRUNS, "WEBHOOK_ALLOWLIST": [holding_server.netloc]}
+    with override_settings(AGENTRUNS=allowed):
+        run = start_sync([{"tool_calls": [call]}, {"content": "sent"}])
     web = start_inline_decision(processes, run, env)
     wait_until(lambda: holding_server.requests, timeout=60, message="the webhook", procs=[web])
     holder = row(run).claimed_by
