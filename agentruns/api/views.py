@@ -20,7 +20,6 @@ from rest_framework import status
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.generics import GenericAPIView
 from rest_framework.pagination import PageNumberPagination
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -28,6 +27,7 @@ from rest_framework.views import APIView
 
 from agentruns import selectors
 from agentruns.api import serializers as s
+from agentruns.api.parsers import StrictJSONParser
 from agentruns.services import runs
 from agentruns.services.runtime.results import Outcome, SegmentResult
 from agentruns.tools.schemas import MAX_REPORTED_ERRORS
@@ -43,7 +43,7 @@ class LeaseholdAPIView(APIView):
     # Token first: an unauthenticated request gets 401 with ``WWW-Authenticate: Token``.
     authentication_classes = [TokenAuthentication, SessionAuthentication]
     permission_classes = [IsAdminUser]
-    parser_classes = [JSONParser]
+    parser_classes = [StrictJSONParser]
 
 
 def _parse(serializer_class: type[s.serializers.Serializer], data: Any) -> dict[str, Any]:
