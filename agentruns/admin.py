@@ -24,8 +24,17 @@ from agentruns.services.mcp_sync import mcp_server_sync
 
 @admin.register(AgentConfiguration)
 class AgentConfigurationAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "provider", "model", "require_second_approver", "is_active"]
-    list_filter = ["provider", "is_active", "require_second_approver"]
+    list_display = [
+        "slug",
+        "name",
+        "provider",
+        "model",
+        "require_second_approver",
+        "approver_group",
+        "is_active",
+    ]
+    list_filter = ["provider", "is_active", "require_second_approver", "approver_group"]
+    list_select_related = ["approver_group"]
     search_fields = ["slug", "name"]
     prepopulated_fields = {"slug": ["name"]}
     readonly_fields = ["created_at", "updated_at"]

@@ -105,6 +105,18 @@ class AgentConfiguration(models.Model):
     require_second_approver = models.BooleanField(
         default=False, help_text="Four-eyes: the initiator may deny but not approve their own run."
     )
+    approver_group = models.ForeignKey(
+        "auth.Group",
+        null=True,
+        blank=True,
+        # A group named here cannot be deleted: losing it must not lift the restriction.
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text=(
+            "Only members of this group may approve this configuration's runs or say whether an "
+            "in-doubt call landed (beside the permissions those need). Empty: no group needed."
+        ),
+    )
     script = models.JSONField(
         default=list, blank=True, help_text="Turns for the scripted provider."
     )
@@ -172,6 +184,8 @@ class AgentRun(models.Model):
         ]
         permissions = [
             ("decide_agentrun", "Can decide pending agent runs (approve, deny, input, reconcile)"),
+            ("view_all_agentruns", "Can see every agent run, not only those they started"),
+            ("cancel_agentrun", "Can cancel agent runs someone else started"),
         ]
 
     def __str__(self) -> str:
