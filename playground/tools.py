@@ -194,6 +194,8 @@ def _opener() -> urllib.request.OpenerDirector:
         "status and the start of the response body. Each call sends another request."
     ),
     effect=Effect.NON_IDEMPOTENT_WRITE,
+    # Approving a call (or saying whether one in doubt landed) needs this beside decide_agentrun.
+    approve_permission="playground.approve_webhooks",
     parameters={
         "type": "object",
         "properties": {
