@@ -19,7 +19,9 @@ from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
 
 def run_get(*, run_uuid: UUID | str) -> AgentRun:
     try:
-        return AgentRun.objects.select_related("configuration", "initiator").get(uuid=run_uuid)
+        return AgentRun.objects.select_related("configuration__approver_group", "initiator").get(
+            uuid=run_uuid
+        )
     except (AgentRun.DoesNotExist, ValidationError, ValueError):
         raise RunNotFound() from None
 
@@ -89,12 +91,13 @@ INBOX_KINDS: dict[str, str] = {
 def inbox_runs(*, kind: str | None = None) -> QuerySet[AgentRun]:
     """Runs waiting for a human, oldest first; ``kind`` narrows to one of ``INBOX_KINDS``.
 
-    Configuration and initiator are joined, so rendering a page of cards costs no further query.
+    Configuration (with its approver group) and initiator are joined, so rendering a page of
+    cards costs no further query per card.
     """
     statuses = [INBOX_KINDS[kind]] if kind in INBOX_KINDS else list(INBOX_KINDS.values())
     return (
         AgentRun.objects.filter(status__in=statuses)
-        .select_related("configuration", "initiator")
+        .select_related("configuration__approver_group", "initiator")
         .order_by("created_at", "pk")
     )
 

@@ -22,6 +22,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from agentruns import selectors
+from agentruns.authority import Decider
 from agentruns.exceptions import (
     InvalidInput,
     InvalidRequest,
@@ -83,6 +84,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
     """Runs waiting for a decision, input or reconciliation, oldest first, one card each."""
     kind = request.GET.get("kind")
     kind = kind if kind in selectors.INBOX_KINDS else None
+    reader = Decider(request.user)  # reads the reader's groups once for the page
     page = Paginator(selectors.inbox_runs(kind=kind), INBOX_PAGE_SIZE).get_page(
         request.GET.get("page")
     )
@@ -93,7 +95,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
             request,
             title="Approvals inbox",
             page=page,
-            cards=[card_for(run) for run in page.object_list],
+            cards=[card_for(run, reader=reader) for run in page.object_list],
             counts=selectors.inbox_counts(),
             kind=kind,
             next=request.get_full_path(),
@@ -146,7 +148,12 @@ def run_detail(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
     except LeaseholdError as exc:
         messages.error(request, feedback.refusal_message(exc))
         return HttpResponseRedirect(reverse("approvals:inbox"))
-    return _run_page(request, run, card=card_for(run), next_url=request.get_full_path())
+    return _run_page(
+        request,
+        run,
+        card=card_for(run, reader=Decider(request.user)),
+        next_url=request.get_full_path(),
+    )
 
 
 # --- Decisions (POST, then redirect) ------------------------------------------------------------
@@ -204,7 +211,7 @@ def submit_input(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
         run = selectors.run_get(run_uuid=run_uuid)
     except LeaseholdError as exc:
         return _refused(request, exc)
-    card = card_for(run)
+    card = card_for(run, reader=Decider(request.user))
     if card is not None and card.kind == UNREADABLE:
         return _refused(request, UnreadableState())
     if card is None or card.kind != INPUT:

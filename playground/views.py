@@ -19,6 +19,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from agentruns import selectors
+from agentruns.authority import approval_authority
 from agentruns.exceptions import InvalidInput, InvalidRequest, LeaseholdError, RunNotFound
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.leases import EventSpec
@@ -60,9 +61,12 @@ def _input_form(
     return spec, form, ""
 
 
-def _pending_context(run: AgentRun, input_form: InputValuesForm | None = None) -> dict[str, Any]:
+def _pending_context(
+    run: AgentRun, reader: Any, input_form: InputValuesForm | None = None
+) -> dict[str, Any]:
     """The run and, when it waits, its pending turn as ``agentruns.turns`` reads it (an
-    unreadable turn is shown as such, without controls, as in the inbox and the API)."""
+    unreadable turn is shown as such, without controls, as in the inbox and the API) and, for
+    an approval, what ``reader`` may decide on it (``agentruns.authority``, as in the inbox)."""
     context: dict[str, Any] = {"run": run, "timeline_url": trace.timeline_url(run)}
     if not waits_for_a_human(run):
         return context
@@ -73,6 +77,9 @@ def _pending_context(run: AgentRun, input_form: InputValuesForm | None = None) -
             {"id": c.id, "name": c.name, "effect": c.effect, "args": trace.pretty(c.arguments)}
             for c in turn.calls
         ]
+        context["authority"] = approval_authority(
+            user=reader, configuration=run.configuration, pending=turn
+        )
     elif turn.kind == INPUT and turn.call is not None:
         context["input_call"] = {"name": turn.call.name, "args": trace.pretty(turn.call.arguments)}
         spec: InputSpec | None
@@ -93,7 +100,7 @@ def _outcome_html(
 ) -> str:
     return render_to_string(
         "playground/_outcome.html",
-        {**_pending_context(run, input_form), "outcome": outcome},
+        {**_pending_context(run, request.user, input_form), "outcome": outcome},
         request=request,
     )
 
@@ -205,7 +212,7 @@ def _run_page(
         request,
         "playground/run.html",
         {
-            **_pending_context(run, input_form),
+            **_pending_context(run, request.user, input_form),
             "steps": [trace.render_step(s) for s in steps],
             "outcome_html": _outcome_html(request, run, input_form=input_form),
         },
