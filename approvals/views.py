@@ -85,7 +85,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
     kind = request.GET.get("kind")
     kind = kind if kind in selectors.INBOX_KINDS else None
     reader = Decider(request.user)  # reads the reader's groups once for the page
-    page = Paginator(selectors.inbox_runs(kind=kind), INBOX_PAGE_SIZE).get_page(
+    page = Paginator(selectors.inbox_runs(user=request.user, kind=kind), INBOX_PAGE_SIZE).get_page(
         request.GET.get("page")
     )
     return render(
@@ -96,7 +96,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
             title="Approvals inbox",
             page=page,
             cards=[card_for(run, reader=reader) for run in page.object_list],
-            counts=selectors.inbox_counts(),
+            counts=selectors.inbox_counts(user=request.user),
             kind=kind,
             next=request.get_full_path(),
         ),
@@ -106,7 +106,9 @@ def inbox(request: HttpRequest) -> HttpResponse:
 @require_GET
 def recent(request: HttpRequest) -> HttpResponse:
     """Every run, newest first, with status, termination reason and approval attribution."""
-    page = Paginator(selectors.recent_runs(), RECENT_PAGE_SIZE).get_page(request.GET.get("page"))
+    page = Paginator(selectors.recent_runs(user=request.user), RECENT_PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
     page_runs = list(page.object_list)
     attributions = selectors.run_attributions(runs=page_runs)
     return render(
@@ -144,7 +146,7 @@ def _run_page(
 def run_detail(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
     """One run: what it waits for (with its controls) and its timeline, every event in order."""
     try:
-        run = selectors.run_get(run_uuid=run_uuid)
+        run = selectors.run_get(run_uuid=run_uuid, user=request.user)
     except LeaseholdError as exc:
         messages.error(request, feedback.refusal_message(exc))
         return HttpResponseRedirect(reverse("approvals:inbox"))
@@ -208,7 +210,7 @@ def submit_input(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
     if not meta.is_valid():
         return _refused(request, InvalidRequest())
     try:
-        run = selectors.run_get(run_uuid=run_uuid)
+        run = selectors.run_get(run_uuid=run_uuid, user=request.user)
     except LeaseholdError as exc:
         return _refused(request, exc)
     card = card_for(run, reader=Decider(request.user))

@@ -106,7 +106,7 @@ def _outcome_html(
 
 
 def _page(request: HttpRequest, form: RunForm, *, status: int = 200) -> HttpResponse:
-    history = selectors.run_list(initiator_id=request.user.pk)[:HISTORY_LENGTH]
+    history = selectors.run_list(user=request.user, initiator_id=request.user.pk)[:HISTORY_LENGTH]
     rows = [{"run": run, "timeline_url": trace.timeline_url(run)} for run in history]
     return render(request, "playground/index.html", {"form": form, "history": rows}, status=status)
 
@@ -224,7 +224,7 @@ def _run_page(
 @playground_required
 def run_detail(request: HttpRequest, uuid: str) -> HttpResponse:
     try:
-        run = selectors.run_get(run_uuid=uuid)
+        run = selectors.run_get(run_uuid=uuid, user=request.user)
     except RunNotFound as exc:
         raise Http404(exc.message) from exc
     return _run_page(request, run)
@@ -247,7 +247,7 @@ def _decide_start(request: HttpRequest, uuid: str) -> Callable[..., SegmentResul
 def _posted_input(request: HttpRequest, uuid: str) -> tuple[AgentRun, InputValuesForm | None]:
     """The run and its input form bound to the POST; no form when the run's pending turn is not
     a readable input turn (the service then says why it refuses)."""
-    run = selectors.run_get(run_uuid=uuid)
+    run = selectors.run_get(run_uuid=uuid, user=request.user)
     spec, form, _ = _input_form(run, request.POST)
     if spec is not None and form is None:
         raise InvalidRequest("This input cannot be given here: " + " ".join(spec.blocking))
