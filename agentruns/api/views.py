@@ -3,7 +3,7 @@
 Every endpoint needs an authenticated staff user (token or session). A run the user may not see
 (docs/design.md §12.1: not started by them, and they hold neither ``agentruns.decide_agentrun``
 nor ``agentruns.view_all_agentruns``) is not listed and answers 404 like a missing one. Deciding
-is checked by the decision services themselves (``NotPermitted``, naming what is missing).
+and cancelling are checked by the services themselves (``NotPermitted``, naming what is missing).
 """
 
 from __future__ import annotations
@@ -214,7 +214,9 @@ class RunCancelView(LeaseholdAPIView):
         parameters=[UUID_PARAMETER],
         request=None,
         responses={200: s.CancelledSerializer, **_errors(404)},
-        description="cancelled is false when the run had already ended.",
+        description="cancelled is false when the run had already ended. The initiator may "
+        "cancel their own run; anyone else needs agentruns.cancel_agentrun, and a run waiting "
+        "for reconciliation also needs agentruns.decide_agentrun (403 not_permitted).",
     )
     def post(self, request: Request, uuid: str) -> Response:
         cancelled = runs.run_cancel(run_uuid=uuid, actor=request.user, note="cancelled via API")

@@ -14,10 +14,12 @@ from uuid import UUID
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import ValidationError
 
-from agentruns import conf, transitions
+from agentruns import conf, selectors, transitions
 from agentruns.authority import (
+    CANCEL_PERMISSION,
     DECIDE_PERMISSION,
     Authority,
+    Decider,
     approval_authority,
     deciding_authority,
 )
@@ -59,6 +61,9 @@ logger = logging.getLogger(__name__)
 
 User = AbstractBaseUser | AnonymousUser
 RECONCILIATION_VERDICTS = ("landed", "not_landed", "abandon")
+CANCEL_IN_DOUBT_REFUSAL = (
+    f"cancelling a run in doubt needs {DECIDE_PERMISSION}, as abandoning it does"
+)
 # Called with the lease of an inline segment before it runs (the playground's stream keeps it
 # to settle the run ``abandoned`` if its client goes away: ``run_abandon``).
 ClaimHook = Callable[[Lease], None]
@@ -444,9 +449,36 @@ def run_reconcile(
 
 
 def run_cancel(*, run_uuid: UUID | str, actor: User | None = None, note: str = "") -> bool:
-    """Cancel a non-terminal run; ``False`` when it was already terminal."""
-    run_id = cast(int, _run_id(run_uuid))  # not missing_ok: RunNotFound, never None
-    return transitions.run_cancel(run_id=run_id, actor_id=_user_id(actor), note=note)
+    """Cancel a non-terminal run; ``False`` when it was already terminal.
+
+    ``actor=None`` is the server itself (``cancel_run``): it may cancel any run. A person
+    (docs/design.md §12.1) must see the run (else ``RunNotFound``: it does not exist for them)
+    and have started it or hold ``agentruns.cancel_agentrun``; cancelling a run in doubt
+    (``waiting_for_reconciliation``) also needs ``agentruns.decide_agentrun``, as abandoning it
+    does. Refused: ``NotPermitted``, naming what is missing. The in-doubt rule is part of the
+    cancel's guard, so a run that goes in doubt after it was read is refused, not cancelled.
+    """
+    if actor is None:
+        run_id = cast(int, _run_id(run_uuid))  # not missing_ok: RunNotFound, never None
+        return transitions.run_cancel(run_id=run_id, note=note)
+    run = selectors.run_get(run_uuid=run_uuid, user=actor)
+    person = Decider(actor)
+    started_it = run.initiator_id is not None and run.initiator_id == actor.pk
+    if not started_it and not person.has_perm(CANCEL_PERMISSION):
+        raise NotPermitted(f"cancelling a run someone else started needs {CANCEL_PERMISSION}")
+    may_end_in_doubt = person.has_perm(DECIDE_PERMISSION)
+    if run.status == Status.WAITING_FOR_RECONCILIATION and not may_end_in_doubt:
+        raise NotPermitted(CANCEL_IN_DOUBT_REFUSAL)
+    if transitions.run_cancel(
+        run_id=run.pk, actor_id=_user_id(actor), note=note, in_doubt=may_end_in_doubt
+    ):
+        return True
+    if (
+        not may_end_in_doubt
+        and AgentRun.objects.filter(pk=run.pk, status=Status.WAITING_FOR_RECONCILIATION).exists()
+    ):
+        raise NotPermitted(CANCEL_IN_DOUBT_REFUSAL)  # it went in doubt after it was read
+    return False
 
 
 def run_abandon(*, lease: Lease) -> bool:

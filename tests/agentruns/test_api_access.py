@@ -5,7 +5,7 @@ listed; cancel rules)."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, Permission
 
 from agentruns.models import AgentRun, EventKind, Status
 from tests.agentruns.api_support import (
@@ -144,3 +144,39 @@ def test_another_s_run_is_404_in_detail_and_events(alice, two_runs, path):
     assert client.get(f"/api/runs/{mine.uuid}/{path}").status_code == 200
     body = assert_error(client.get(f"/api/runs/{theirs.uuid}/{path}"), 404, "run_not_found")
     assert body == {"code": "run_not_found", "message": "No such run."}  # as for no run at all
+
+
+# --- Cancel ---------------------------------------------------------------------------------------
+
+
+def test_the_initiator_cancels_their_own_run(alice, two_runs):
+    mine, _ = two_runs
+    assert cancel(client_for(alice), mine).json() == {"cancelled": True}
+
+
+def test_another_s_run_is_404_to_cancel_for_who_cannot_see_it(alice, two_runs):
+    _, theirs = two_runs
+    assert_error(cancel(client_for(alice), theirs), 404, "run_not_found")
+    assert AgentRun.objects.get(pk=theirs.pk).status == Status.WAITING_FOR_APPROVAL
+
+
+def test_cancelling_another_s_run_is_403_without_the_cancel_permission(two_runs):
+    _, theirs = two_runs
+    viewer = client_for(UserFactory(username="viewer", permissions=[VIEW_ALL]))
+    body = assert_error(cancel(viewer, theirs), 403, "not_permitted")
+    assert (
+        body["message"] == "cancelling a run someone else started needs agentruns.cancel_agentrun"
+    )
+
+    canceller = client_for(UserFactory(username="canceller", permissions=[VIEW_ALL, CANCEL]))
+    assert cancel(canceller, theirs).json() == {"cancelled": True}
+
+
+def test_cancelling_one_s_own_run_in_doubt_needs_the_decide_permission(alice):
+    run = in_doubt(alice)
+    body = assert_error(cancel(client_for(alice), run), 403, "not_permitted")
+    assert "agentruns.decide_agentrun" in body["message"]
+    assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_RECONCILIATION
+
+    alice.user_permissions.add(Permission.objects.get(codename="decide_agentrun"))
+    assert cancel(client_for(alice), run).json() == {"cancelled": True}

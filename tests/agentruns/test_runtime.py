@@ -691,7 +691,7 @@ def test_a_gap_in_the_event_stream_is_not_resumable():
 
 def test_an_event_actor_is_recorded_for_a_cancel_by_a_user():
     user = UserFactory()
-    run = AgentRunFactory(waiting=True)
+    run = AgentRunFactory(waiting=True, initiator=user)  # they may cancel their own run
     assert run_cancel(run_uuid=run.uuid, actor=user, note="no") is True
     (event,) = events(run)
     assert event.kind == EventKind.CANCEL and event.actor_id == user.pk
