@@ -56,10 +56,13 @@ class Decider:
         return self.authenticated and bool(self.user.has_perm(permission))  # type: ignore[union-attr]
 
     def in_group(self, group_id: int) -> bool:
+        """Membership of the group; ``False`` for anonymous users and for user models without
+        groups (fail closed)."""
         if self._group_ids is None:
+            groups = getattr(self.user, "groups", None) if self.authenticated else None
             self._group_ids = (
-                frozenset(self.user.groups.values_list("pk", flat=True))  # type: ignore[union-attr]
-                if self.authenticated
+                frozenset(groups.values_list("pk", flat=True))
+                if groups is not None
                 else frozenset()
             )
         return group_id in self._group_ids
