@@ -118,6 +118,18 @@ class AgentConfiguration(models.Model):
         "is made again, and if it changed the call does not run and waits for approval again. "
         "On: the preview is only a snapshot captured when the run paused.",
     )
+    approver_group = models.ForeignKey(
+        "auth.Group",
+        null=True,
+        blank=True,
+        # A group named here cannot be deleted: losing it must not lift the restriction.
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text=(
+            "Only members of this group may approve this configuration's runs or say whether an "
+            "in-doubt call landed (beside the permissions those need). Empty: no group needed."
+        ),
+    )
     script = models.JSONField(
         default=list, blank=True, help_text="Turns for the scripted provider."
     )
@@ -185,6 +197,8 @@ class AgentRun(models.Model):
         ]
         permissions = [
             ("decide_agentrun", "Can decide pending agent runs (approve, deny, input, reconcile)"),
+            ("view_all_agentruns", "Can see every agent run, not only those they started"),
+            ("cancel_agentrun", "Can cancel agent runs someone else started"),
         ]
 
     def __str__(self) -> str:

@@ -236,6 +236,8 @@ def webhook_target(url: str, allowlist: list[str]) -> str:
         "status and the start of the response body. Each call sends another request."
     ),
     effect=Effect.NON_IDEMPOTENT_WRITE,
+    # Approving a call (or saying whether one in doubt landed) needs this beside decide_agentrun.
+    approve_permission="playground.approve_webhooks",
     parameters={
         "type": "object",
         "properties": {

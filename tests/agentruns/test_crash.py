@@ -38,6 +38,8 @@ pytestmark = [
 ]
 
 DECIDE = "agentruns.decide_agentrun"
+# Approving call_webhook also needs its approve_permission (docs/design.md §5.6).
+APPROVER = [DECIDE, "playground.approve_webhooks"]
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -73,7 +75,7 @@ def tool_events(run: AgentRun, name: str) -> list[AgentRunEvent]:
 
 
 def approve(run: AgentRun, *, mode: str = "queued") -> None:
-    staff = UserFactory(permissions=[DECIDE])
+    staff = UserFactory(permissions=APPROVER)
     runs.run_decide(
         run_uuid=run.uuid,
         actor=staff,
@@ -277,7 +279,7 @@ def test_a_worker_killed_during_an_idempotent_write_is_requeued_and_completed(pr
 
 def start_inline_decision(processes, run: AgentRun, env: dict[str, str]):
     """A "web" process approving inline: it continues the run under a ``resume:`` lease."""
-    staff = UserFactory(permissions=[DECIDE])
+    staff = UserFactory(permissions=APPROVER)
     digest = row(run).pending_turn["turn_digest"]
     code = (
         "from django.contrib.auth import get_user_model\n"

@@ -21,6 +21,7 @@ from tests.agentruns.runtime_support import events
 pytestmark = pytest.mark.django_db
 
 DECIDE = "agentruns.decide_agentrun"
+WEBHOOKS = "playground.approve_webhooks"
 
 
 def webhook_run(url: str) -> AgentRun:
@@ -32,7 +33,7 @@ def webhook_run(url: str) -> AgentRun:
 
 
 def test_a_webhook_that_answers_too_late_parks_the_run_in_doubt(holding_server, client):
-    decider = UserFactory(permissions=[DECIDE])
+    decider = UserFactory(permissions=[DECIDE, WEBHOOKS])
     agentruns = {
         **settings.AGENTRUNS,
         "WEBHOOK_ALLOWLIST": [holding_server.netloc],
@@ -64,7 +65,7 @@ def test_a_webhook_that_answers_too_late_parks_the_run_in_doubt(holding_server, 
     (doubt,) = [e for e in events(run) if e.kind == EventKind.IN_DOUBT]
     assert doubt.payload["call_id"] == card.call.id and "TimeoutError" in doubt.payload["error"]
 
-    staff = UserFactory(username="reviewer", is_staff=True, permissions=[DECIDE])
+    staff = UserFactory(username="reviewer", is_staff=True, permissions=[DECIDE, WEBHOOKS])
     client.force_login(staff)
     html = client.get("/admin/approvals/").content.decode()
     assert "timed out or lost its connection after it was sent" in html
@@ -89,7 +90,7 @@ def test_a_refused_connection_is_a_failure_the_model_sees():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again at once: nobody listens there
-    decider = UserFactory(permissions=[DECIDE])
+    decider = UserFactory(permissions=[DECIDE, WEBHOOKS])
     with override_settings(
         AGENTRUNS={**settings.AGENTRUNS, "WEBHOOK_ALLOWLIST": [f"127.0.0.1:{port}"]}
     ):
