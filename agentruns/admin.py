@@ -1,6 +1,8 @@
 """The admin as an operator's window: configurations are edited here, runs and events are read.
 
-Run state columns are read-only: they change only through ``agentruns.transitions``.
+Run state columns are read-only: they change only through ``agentruns.transitions``. Runs and
+events are those the user may see (``selectors.visible_runs``, docs/design.md §12.1); any other
+run does not exist for them: not listed, and its pages answer 404.
 """
 
 from __future__ import annotations
@@ -8,9 +10,10 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.db import models
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest
 from django.utils.html import format_html, format_html_join
 
+from agentruns import selectors
 from agentruns.jsonview import pretty_json
 from agentruns.models import (
     AgentConfiguration,
@@ -24,11 +27,34 @@ from agentruns.services.mcp_sync import mcp_server_sync
 
 @admin.register(AgentConfiguration)
 class AgentConfigurationAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "provider", "model", "require_second_approver", "is_active"]
-    list_filter = ["provider", "is_active", "require_second_approver"]
+    list_display = [
+        "slug",
+        "name",
+        "provider",
+        "model",
+        "require_second_approver",
+        "approver_group",
+        "is_active",
+    ]
+    list_filter = ["provider", "is_active", "require_second_approver", "approver_group"]
+    list_select_related = ["approver_group"]
     search_fields = ["slug", "name"]
     prepopulated_fields = {"slug": ["name"]}
     readonly_fields = ["created_at", "updated_at"]
+
+
+class _VisibleOnly(admin.ModelAdmin):
+    """For run tables narrowed (``get_queryset``) to what the user may see: a row outside the
+    queryset — missing or not theirs to see — answers 404 instead of the admin's "does not
+    exist" redirect, the same in both cases, so nothing tells them apart."""
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> models.Model:
+        found = super().get_object(request, object_id, from_field)
+        if found is None:
+            raise Http404(f"no {self.opts.verbose_name} {object_id!r}")
+        return found
 
 
 class AgentRunEventInline(admin.TabularInline):
@@ -48,7 +74,7 @@ _RAW_STATE = ["loop_state", "pending_turn", "request", "pending_call", "error"]
 
 
 @admin.register(AgentRun)
-class AgentRunAdmin(admin.ModelAdmin):
+class AgentRunAdmin(_VisibleOnly):
     list_display = [
         "uuid",
         "configuration",
@@ -73,6 +99,9 @@ class AgentRunAdmin(admin.ModelAdmin):
         "pending_call_json",
         "error_json",
     ]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[AgentRun]:
+        return selectors.visible_runs(user=request.user, queryset=super().get_queryset(request))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -102,11 +131,14 @@ class AgentRunAdmin(admin.ModelAdmin):
 
 
 @admin.register(AgentRunEvent)
-class AgentRunEventAdmin(admin.ModelAdmin):
+class AgentRunEventAdmin(_VisibleOnly):
     list_display = ["run", "sequence", "kind", "segment", "lease_epoch", "duration_ms", "actor"]
     list_filter = ["kind"]
     list_select_related = ["run", "actor"]
     readonly_fields = [f.name for f in AgentRunEvent._meta.fields]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[AgentRunEvent]:
+        return selectors.visible_events(user=request.user, queryset=super().get_queryset(request))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

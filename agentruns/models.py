@@ -80,6 +80,8 @@ class EventKind(models.TextChoices):
     VERIFICATION = "verification", "verification"
     # An unexpected exception ended the segment (its type and message; the traceback is logged).
     ERROR = "error", "error"
+    # A non-idempotent write's outcome is unknown (its tool said so): the run waits for a person.
+    IN_DOUBT = "in_doubt", "outcome unknown"
 
 
 class Segment(models.TextChoices):
@@ -121,6 +123,18 @@ class AgentConfiguration(models.Model):
         help_text="Off (the default): before an approved write with a preview runs, its preview "
         "is made again, and if it changed the call does not run and waits for approval again. "
         "On: the preview is only a snapshot captured when the run paused.",
+    )
+    approver_group = models.ForeignKey(
+        "auth.Group",
+        null=True,
+        blank=True,
+        # A group named here cannot be deleted: losing it must not lift the restriction.
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text=(
+            "Only members of this group may approve this configuration's runs or say whether an "
+            "in-doubt call landed (beside the permissions those need). Empty: no group needed."
+        ),
     )
     script = models.JSONField(
         default=list, blank=True, help_text="Turns for the scripted provider."
@@ -195,6 +209,8 @@ class AgentRun(models.Model):
         ]
         permissions = [
             ("decide_agentrun", "Can decide pending agent runs (approve, deny, input, reconcile)"),
+            ("view_all_agentruns", "Can see every agent run, not only those they started"),
+            ("cancel_agentrun", "Can cancel agent runs someone else started"),
         ]
 
     def __str__(self) -> str:

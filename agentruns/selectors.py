@@ -1,4 +1,12 @@
-"""Read-only queries over runs and events."""
+"""Read-only queries over runs and events.
+
+Every query a person's request makes goes through the visibility rule (docs/design.md §12.1):
+a user sees a run they started, or every run when they hold ``agentruns.decide_agentrun`` or
+``agentruns.view_all_agentruns`` (superusers hold both); any other run does not exist for them.
+The rule is ``_visible``; ``visible_runs``, ``visible_events``, ``run_visible_to`` and every
+selector taking a ``user`` apply it. ``user=None`` is the server itself (a management command),
+which sees every run.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +16,71 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import ValidationError
-from django.db.models import Count, DateTimeField, ExpressionWrapper, QuerySet, Value
+from django.db.models import Count, DateTimeField, ExpressionWrapper, Q, QuerySet, Value
 from django.db.models.functions import Now
 
 from agentruns.attribution import Attribution, attribute_runs
+from agentruns.authority import DECIDE_PERMISSION, VIEW_ALL_PERMISSION, Decider
 from agentruns.exceptions import RunNotFound
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
 
+User = AbstractBaseUser | AnonymousUser
 
-def run_get(*, run_uuid: UUID | str) -> AgentRun:
+# --- Visibility ----------------------------------------------------------------------------------
+
+
+def _visible(user: User | None, *, run: str = "") -> Q | None:
+    """The visibility rule: ``None`` when ``user`` sees every run, else the condition a run
+    (``run=""``) or a row pointing at one (``run="run__"``) must meet."""
+    if user is None:
+        return None
+    if not user.is_authenticated:
+        return Q(pk__in=[])
+    person = Decider(user)
+    if person.has_perm(DECIDE_PERMISSION) or person.has_perm(VIEW_ALL_PERMISSION):
+        return None
+    return Q(**{f"{run}initiator_id": user.pk})
+
+
+def visible_runs(
+    *, user: User | None, queryset: QuerySet[AgentRun] | None = None
+) -> QuerySet[AgentRun]:
+    """The runs of ``queryset`` (default: every run) that ``user`` may see."""
+    queryset = AgentRun.objects.all() if queryset is None else queryset
+    condition = _visible(user)
+    return queryset if condition is None else queryset.filter(condition)
+
+
+def visible_events(
+    *, user: User | None, queryset: QuerySet[AgentRunEvent] | None = None
+) -> QuerySet[AgentRunEvent]:
+    """The events of ``queryset`` (default: every event) of runs ``user`` may see."""
+    queryset = AgentRunEvent.objects.all() if queryset is None else queryset
+    condition = _visible(user, run="run__")
+    return queryset if condition is None else queryset.filter(condition)
+
+
+def run_visible_to(*, user: User | None, run: AgentRun) -> bool:
+    """Whether ``user`` may see ``run`` (no query beyond the user's permissions)."""
+    condition = _visible(user)
+    return condition is None or (
+        user is not None and user.is_authenticated and run.initiator_id == user.pk
+    )
+
+
+def run_get(*, run_uuid: UUID | str, user: User | None) -> AgentRun:
+    """The run ``user`` asked for, with configuration (and approver group) and initiator joined.
+
+    Raises ``RunNotFound`` when there is no such run or ``user`` may not see it: a run they may
+    not see does not exist for them. ``user=None``: the server itself.
+    """
     try:
-        return AgentRun.objects.select_related("configuration", "initiator").get(uuid=run_uuid)
+        return visible_runs(
+            user=user,
+            queryset=AgentRun.objects.select_related("configuration__approver_group", "initiator"),
+        ).get(uuid=run_uuid)
     except (AgentRun.DoesNotExist, ValidationError, ValueError):
         raise RunNotFound() from None
 
@@ -62,12 +123,16 @@ def unclaimed_queued_runs(*, older_than_seconds: float) -> QuerySet[AgentRun]:
 
 def run_list(
     *,
+    user: User | None,
     status: str | None = None,
     configuration: str | None = None,
     initiator_id: int | None = None,
 ) -> QuerySet[AgentRun]:
-    """Runs, newest first, optionally narrowed to a status, a configuration slug, an initiator."""
-    queryset = AgentRun.objects.select_related("configuration", "initiator")
+    """The runs ``user`` may see, newest first, optionally narrowed to a status, a configuration
+    slug, an initiator."""
+    queryset = visible_runs(
+        user=user, queryset=AgentRun.objects.select_related("configuration", "initiator")
+    )
     if status:
         queryset = queryset.filter(status=status)
     if configuration:
@@ -86,23 +151,27 @@ INBOX_KINDS: dict[str, str] = {
 }
 
 
-def inbox_runs(*, kind: str | None = None) -> QuerySet[AgentRun]:
-    """Runs waiting for a human, oldest first; ``kind`` narrows to one of ``INBOX_KINDS``.
+def inbox_runs(*, user: User | None, kind: str | None = None) -> QuerySet[AgentRun]:
+    """Runs ``user`` may see waiting for a human, oldest first; ``kind`` narrows to one of
+    ``INBOX_KINDS``.
 
-    Configuration and initiator are joined, so rendering a page of cards costs no further query.
+    Configuration (with its approver group) and initiator are joined, so rendering a page of
+    cards costs no further query per card.
     """
     statuses = [INBOX_KINDS[kind]] if kind in INBOX_KINDS else list(INBOX_KINDS.values())
     return (
-        AgentRun.objects.filter(status__in=statuses)
-        .select_related("configuration", "initiator")
+        visible_runs(user=user)
+        .filter(status__in=statuses)
+        .select_related("configuration__approver_group", "initiator")
         .order_by("created_at", "pk")
     )
 
 
-def inbox_counts() -> dict[str, int]:
-    """How many runs wait in each inbox kind (one query)."""
+def inbox_counts(*, user: User | None) -> dict[str, int]:
+    """How many runs ``user`` may see wait in each inbox kind (one query)."""
     rows = (
-        AgentRun.objects.filter(status__in=list(INBOX_KINDS.values()))
+        visible_runs(user=user)
+        .filter(status__in=list(INBOX_KINDS.values()))
         .values("status")
         .annotate(n=Count("pk"))
         .order_by()
@@ -111,10 +180,12 @@ def inbox_counts() -> dict[str, int]:
     return {kind: by_status.get(status, 0) for kind, status in INBOX_KINDS.items()}
 
 
-def recent_runs() -> QuerySet[AgentRun]:
-    """Every run, newest first, with configuration and initiator joined."""
-    return AgentRun.objects.select_related("configuration", "initiator").order_by(
-        "-created_at", "-pk"
+def recent_runs(*, user: User | None) -> QuerySet[AgentRun]:
+    """Every run ``user`` may see, newest first, with configuration and initiator joined."""
+    return (
+        visible_runs(user=user)
+        .select_related("configuration", "initiator")
+        .order_by("-created_at", "-pk")
     )
 
 

@@ -1,13 +1,23 @@
-"""A card: one waiting run as the inbox shows it — its pending turn read by ``agentruns.turns``
-and, for input, the form generated from the schema. Presentation only; no queries."""
+"""A card: one waiting run as the inbox shows it — its pending turn read by ``agentruns.turns``,
+what its reader may decide on it (``agentruns.authority``) and, for input, the form generated
+from the schema. No queries of its own: the authority reads the reader's groups once per
+``Decider``, and the configuration (with its approver group) comes joined with the run."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agentruns.authority import Authority, Decider, approval_authority
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.models import AgentRun
-from agentruns.turns import INPUT, PendingTurn, read_pending_turn, waits_for_a_human
+from agentruns.turns import (
+    APPROVAL,
+    INPUT,
+    RECONCILIATION,
+    PendingTurn,
+    read_pending_turn,
+    waits_for_a_human,
+)
 
 
 @dataclass
@@ -18,6 +28,9 @@ class Card:
     form: InputValuesForm | None = None
     # The posted digest differed from the turn shown now (input re-rendered after a change).
     changed: bool = False
+    # Approval and reconciliation cards: whether the reader may approve / say it landed, and
+    # what they lack if not (they may still deny / abandon).
+    authority: Authority | None = None
 
     @property
     def kind(self) -> str:
@@ -32,12 +45,17 @@ class Card:
         return f"run{self.run.pk}"
 
 
-def card_for(run: AgentRun) -> Card | None:
-    """The card for a waiting run (an unbound input form for input turns); ``None`` when the
-    run waits for nobody."""
+def card_for(run: AgentRun, *, reader: Decider) -> Card | None:
+    """The card for a waiting run as ``reader`` sees it (an unbound input form for input turns,
+    the reader's authority for approval and reconciliation turns); ``None`` when the run waits
+    for nobody."""
     if not waits_for_a_human(run):
         return None
     card = Card(run=run, pending=read_pending_turn(run))
     if card.kind == INPUT:
         card.spec, card.form = input_form_for(card.pending, prefix=card.form_id)
+    elif card.kind in (APPROVAL, RECONCILIATION):
+        card.authority = approval_authority(
+            user=reader, configuration=run.configuration, pending=card.pending
+        )
     return card

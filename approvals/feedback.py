@@ -27,7 +27,7 @@ REFUSALS: dict[type[LeaseholdError], str] = {
     SelfApprovalRefused: "A colleague must approve; you may deny.",
     NotWaiting: "This run is not waiting for that decision anymore{status} — nothing was changed.",
     RunNotFound: "That run does not exist.",
-    NotPermitted: "You do not have permission to decide runs.",
+    NotPermitted: "Not permitted — nothing was changed: {message}.",
     InvalidRequest: "The form was incomplete — nothing was changed. Review the run and try again.",
     InvalidInput: "The values do not match what the tool asked for — nothing was changed.",
     UnreadableState: "This run's stored state cannot be read — nothing was changed.",
@@ -45,7 +45,7 @@ def refusal_message(exc: LeaseholdError) -> str:
         return f"Refused: {exc.message}"
     status = exc.detail.get("status") if isinstance(exc, NotWaiting) else None
     shown = f" (it is now {Status(status).label})" if status in Status.values else ""
-    return template.format(status=shown)
+    return template.format(status=shown, message=exc.message.rstrip("."))
 
 
 def _continues(result: SegmentResult) -> str:

@@ -22,6 +22,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from agentruns import selectors
+from agentruns.authority import Decider
 from agentruns.exceptions import (
     InvalidInput,
     InvalidRequest,
@@ -83,7 +84,8 @@ def inbox(request: HttpRequest) -> HttpResponse:
     """Runs waiting for a decision, input or reconciliation, oldest first, one card each."""
     kind = request.GET.get("kind")
     kind = kind if kind in selectors.INBOX_KINDS else None
-    page = Paginator(selectors.inbox_runs(kind=kind), INBOX_PAGE_SIZE).get_page(
+    reader = Decider(request.user)  # reads the reader's groups once for the page
+    page = Paginator(selectors.inbox_runs(user=request.user, kind=kind), INBOX_PAGE_SIZE).get_page(
         request.GET.get("page")
     )
     return render(
@@ -93,8 +95,8 @@ def inbox(request: HttpRequest) -> HttpResponse:
             request,
             title="Approvals inbox",
             page=page,
-            cards=[card_for(run) for run in page.object_list],
-            counts=selectors.inbox_counts(),
+            cards=[card_for(run, reader=reader) for run in page.object_list],
+            counts=selectors.inbox_counts(user=request.user),
             kind=kind,
             next=request.get_full_path(),
         ),
@@ -104,7 +106,9 @@ def inbox(request: HttpRequest) -> HttpResponse:
 @require_GET
 def recent(request: HttpRequest) -> HttpResponse:
     """Every run, newest first, with status, termination reason and approval attribution."""
-    page = Paginator(selectors.recent_runs(), RECENT_PAGE_SIZE).get_page(request.GET.get("page"))
+    page = Paginator(selectors.recent_runs(user=request.user), RECENT_PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
     page_runs = list(page.object_list)
     attributions = selectors.run_attributions(runs=page_runs)
     return render(
@@ -142,11 +146,16 @@ def _run_page(
 def run_detail(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
     """One run: what it waits for (with its controls) and its timeline, every event in order."""
     try:
-        run = selectors.run_get(run_uuid=run_uuid)
+        run = selectors.run_get(run_uuid=run_uuid, user=request.user)
     except LeaseholdError as exc:
         messages.error(request, feedback.refusal_message(exc))
         return HttpResponseRedirect(reverse("approvals:inbox"))
-    return _run_page(request, run, card=card_for(run), next_url=request.get_full_path())
+    return _run_page(
+        request,
+        run,
+        card=card_for(run, reader=Decider(request.user)),
+        next_url=request.get_full_path(),
+    )
 
 
 # --- Decisions (POST, then redirect) ------------------------------------------------------------
@@ -201,10 +210,10 @@ def submit_input(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
     if not meta.is_valid():
         return _refused(request, InvalidRequest())
     try:
-        run = selectors.run_get(run_uuid=run_uuid)
+        run = selectors.run_get(run_uuid=run_uuid, user=request.user)
     except LeaseholdError as exc:
         return _refused(request, exc)
-    card = card_for(run)
+    card = card_for(run, reader=Decider(request.user))
     if card is not None and card.kind == UNREADABLE:
         return _refused(request, UnreadableState())
     if card is None or card.kind != INPUT:

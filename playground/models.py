@@ -11,9 +11,13 @@ class Note(models.Model):
 
     class Meta:
         ordering = ["id"]
-        # The playground's own permission (staff also need it to open the pages); it lives on
-        # Note because Django ties every permission to a model's content type.
-        permissions = [("use_playground", "Can use the tool playground")]
+        # The playground's own permissions; they live on Note because Django ties every
+        # permission to a model's content type. ``use_playground``: staff also need it to open
+        # the pages. ``approve_webhooks``: the ``approve_permission`` of ``call_webhook``.
+        permissions = [
+            ("use_playground", "Can use the tool playground"),
+            ("approve_webhooks", "Can approve calls of call_webhook"),
+        ]
 
     def __str__(self) -> str:
         return self.title

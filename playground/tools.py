@@ -7,10 +7,9 @@ and ``agentruns`` must never import this module.
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -18,7 +17,7 @@ from django.utils import timezone
 
 from agentruns import conf
 from agentruns.models import Effect
-from agentruns.tools import Tool, ToolContext, tool
+from agentruns.tools import OutcomeUnknown, Tool, ToolContext, tool
 from agentruns.turns import Change, Preview
 from playground.models import Note
 
@@ -229,18 +228,6 @@ def webhook_target(url: str, allowlist: list[str]) -> str:
     raise WebhookRefused(f"host {explicit!r} is not in AGENTRUNS['WEBHOOK_ALLOWLIST']; not sent")
 
 
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """Never follow a redirect: the 3xx answer is returned as the result instead."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-def _opener() -> urllib.request.OpenerDirector:
-    # No proxies from the environment: the allowlist names where the bytes go.
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _RefuseRedirects())
-
-
 @tool(
     name="call_webhook",
     description=(
@@ -249,6 +236,8 @@ def _opener() -> urllib.request.OpenerDirector:
         "status and the start of the response body. Each call sends another request."
     ),
     effect=Effect.NON_IDEMPOTENT_WRITE,
+    # Approving a call (or saying whether one in doubt landed) needs this beside decide_agentrun.
+    approve_permission="playground.approve_webhooks",
     parameters={
         "type": "object",
         "properties": {
@@ -268,26 +257,50 @@ def _opener() -> urllib.request.OpenerDirector:
 def call_webhook(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
     """Non-idempotent write. Checks the URL against ``WEBHOOK_ALLOWLIST`` (read now) before any
     connection; sends ``Idempotency-Key`` and ``X-Fencing-Token``; times out after
-    ``context.timeout_seconds``. An HTTP error status is a result, not a failure."""
+    ``context.timeout_seconds``. An HTTP status (errors included) is a result. A failure to
+    connect is a failure (nothing was sent); a timeout or a lost connection once the request
+    may have been sent raises ``OutcomeUnknown``: the run waits for reconciliation."""
     url = arguments["url"]
     webhook_target(url, list(conf.get("WEBHOOK_ALLOWLIST")))
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(arguments["payload"]).encode("utf-8"),
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "Idempotency-Key": context.idempotency_key,
-            "X-Fencing-Token": str(context.fencing_token),
-        },
+    parts = urlsplit(url)
+    connection_class = (
+        http.client.HTTPSConnection
+        if parts.scheme.lower() == "https"
+        else http.client.HTTPConnection
     )
+    # No proxies, no redirects: the allowlist names where the bytes go.
+    connection = connection_class(parts.hostname or "", parts.port, timeout=context.timeout_seconds)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
-        response = _opener().open(request, timeout=context.timeout_seconds)
-    except urllib.error.HTTPError as exc:  # 4xx, 5xx and refused redirects
-        response = exc
-    with response:
-        raw = response.read(WEBHOOK_BODY_CHARS * 4 + 1)
-        status = response.status if hasattr(response, "status") else response.code
+        connection.connect()
+    except OSError as exc:
+        connection.close()
+        raise ConnectionError(f"could not connect, nothing was sent: {exc}") from exc
+    try:
+        try:
+            connection.request(
+                "POST",
+                path,
+                body=json.dumps(arguments["payload"]).encode("utf-8"),
+                headers={
+                    "Content-Type": "application/json",
+                    "Idempotency-Key": context.idempotency_key,
+                    "X-Fencing-Token": str(context.fencing_token),
+                },
+            )
+            response = connection.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            raise OutcomeUnknown(
+                f"the request may have been sent, but no answer came ({type(exc).__name__}: "
+                f"{exc}); whether it took effect is unknown"
+            ) from exc
+        status = response.status
+        try:
+            raw = response.read(WEBHOOK_BODY_CHARS * 4 + 1)
+        except (OSError, http.client.HTTPException):
+            raw = b""  # the status is the answer; the body was cut short
+    finally:
+        connection.close()
     text = raw.decode("utf-8", errors="replace")
     truncated = len(raw) > WEBHOOK_BODY_CHARS * 4 or len(text) > WEBHOOK_BODY_CHARS
     return {"status": status, "body": text[:WEBHOOK_BODY_CHARS], "truncated": truncated}

@@ -19,6 +19,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from agentruns import selectors
+from agentruns.authority import approval_authority
 from agentruns.exceptions import InvalidInput, InvalidRequest, LeaseholdError, RunNotFound
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.leases import EventSpec
@@ -60,9 +61,12 @@ def _input_form(
     return spec, form, ""
 
 
-def _pending_context(run: AgentRun, input_form: InputValuesForm | None = None) -> dict[str, Any]:
+def _pending_context(
+    run: AgentRun, reader: Any, input_form: InputValuesForm | None = None
+) -> dict[str, Any]:
     """The run and, when it waits, its pending turn as ``agentruns.turns`` reads it (an
-    unreadable turn is shown as such, without controls, as in the inbox and the API)."""
+    unreadable turn is shown as such, without controls, as in the inbox and the API) and, for
+    an approval, what ``reader`` may decide on it (``agentruns.authority``, as in the inbox)."""
     context: dict[str, Any] = {"run": run, "timeline_url": trace.timeline_url(run)}
     if not waits_for_a_human(run):
         return context
@@ -81,6 +85,9 @@ def _pending_context(run: AgentRun, input_form: InputValuesForm | None = None) -
             for c in turn.calls
         ]
         context["preview_is_snapshot"] = run.configuration.preview_is_snapshot
+        context["authority"] = approval_authority(
+            user=reader, configuration=run.configuration, pending=turn
+        )
     elif turn.kind == INPUT and turn.call is not None:
         context["input_call"] = {"name": turn.call.name, "args": trace.pretty(turn.call.arguments)}
         spec: InputSpec | None
@@ -101,13 +108,13 @@ def _outcome_html(
 ) -> str:
     return render_to_string(
         "playground/_outcome.html",
-        {**_pending_context(run, input_form), "outcome": outcome},
+        {**_pending_context(run, request.user, input_form), "outcome": outcome},
         request=request,
     )
 
 
 def _page(request: HttpRequest, form: RunForm, *, status: int = 200) -> HttpResponse:
-    history = selectors.run_list(initiator_id=request.user.pk)[:HISTORY_LENGTH]
+    history = selectors.run_list(user=request.user, initiator_id=request.user.pk)[:HISTORY_LENGTH]
     rows = [{"run": run, "timeline_url": trace.timeline_url(run)} for run in history]
     return render(request, "playground/index.html", {"form": form, "history": rows}, status=status)
 
@@ -213,7 +220,7 @@ def _run_page(
         request,
         "playground/run.html",
         {
-            **_pending_context(run, input_form),
+            **_pending_context(run, request.user, input_form),
             "steps": [trace.render_step(s) for s in steps],
             "outcome_html": _outcome_html(request, run, input_form=input_form),
         },
@@ -225,7 +232,7 @@ def _run_page(
 @playground_required
 def run_detail(request: HttpRequest, uuid: str) -> HttpResponse:
     try:
-        run = selectors.run_get(run_uuid=uuid)
+        run = selectors.run_get(run_uuid=uuid, user=request.user)
     except RunNotFound as exc:
         raise Http404(exc.message) from exc
     return _run_page(request, run)
@@ -248,7 +255,7 @@ def _decide_start(request: HttpRequest, uuid: str) -> Callable[..., SegmentResul
 def _posted_input(request: HttpRequest, uuid: str) -> tuple[AgentRun, InputValuesForm | None]:
     """The run and its input form bound to the POST; no form when the run's pending turn is not
     a readable input turn (the service then says why it refuses)."""
-    run = selectors.run_get(run_uuid=uuid)
+    run = selectors.run_get(run_uuid=uuid, user=request.user)
     spec, form, _ = _input_form(run, request.POST)
     if spec is not None and form is None:
         raise InvalidRequest("This input cannot be given here: " + " ".join(spec.blocking))

@@ -120,6 +120,11 @@ class PendingTurnSerializer(serializers.Serializer):
     problem = serializers.CharField(
         allow_blank=True, help_text="unreadable: why the stored turn cannot be decided."
     )
+    reason = serializers.CharField(
+        allow_blank=True,
+        help_text="reconciliation: why the outcome is unknown when the tool said so (a timeout "
+        "after the request was sent); empty when the segment died.",
+    )
 
 
 def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
@@ -148,6 +153,7 @@ def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
         "field_order": list(pending.field_order) if pending.kind == INPUT else None,
         "idempotency_key": pending.idempotency_key if pending.kind == RECONCILIATION else None,
         "problem": pending.problem,
+        "reason": pending.reason,
     }
 
 

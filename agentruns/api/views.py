@@ -1,7 +1,9 @@
 """API views: parse, call one service or selector, render (docs/design.md §11.2).
 
-Every endpoint needs an authenticated staff user (token or session). Deciding needs
-``agentruns.decide_agentrun``, which the decision services check themselves (``NotPermitted``).
+Every endpoint needs an authenticated staff user (token or session). A run the user may not see
+(docs/design.md §12.1: not started by them, and they hold neither ``agentruns.decide_agentrun``
+nor ``agentruns.view_all_agentruns``) is not listed and answers 404 like a missing one. Deciding
+and cancelling are checked by the services themselves (``NotPermitted``, naming what is missing).
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from rest_framework import status
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.generics import GenericAPIView
 from rest_framework.pagination import PageNumberPagination
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -28,6 +29,7 @@ from rest_framework.views import APIView
 
 from agentruns import selectors
 from agentruns.api import serializers as s
+from agentruns.api.parsers import StrictJSONParser
 from agentruns.services import runs
 from agentruns.services.runtime.results import Outcome, SegmentResult
 from agentruns.tools.schemas import MAX_REPORTED_ERRORS
@@ -43,7 +45,7 @@ class LeaseholdAPIView(APIView):
     # Token first: an unauthenticated request gets 401 with ``WWW-Authenticate: Token``.
     authentication_classes = [TokenAuthentication, SessionAuthentication]
     permission_classes = [IsAdminUser]
-    parser_classes = [JSONParser]
+    parser_classes = [StrictJSONParser]
 
 
 def _parse(serializer_class: type[s.serializers.Serializer], data: Any) -> dict[str, Any]:
@@ -78,7 +80,9 @@ class RunsView(LeaseholdAPIView, GenericAPIView):
     def get(self, request: Request) -> Response:
         filters = _parse(s.RunFilterSerializer, request.query_params)
         queryset = selectors.run_list(
-            status=filters.get("status"), configuration=filters.get("configuration")
+            user=request.user,
+            status=filters.get("status"),
+            configuration=filters.get("configuration"),
         )
         page = self.paginate_queryset(queryset)
         return self.get_paginated_response(s.RunSerializer(page, many=True).data)
@@ -113,7 +117,7 @@ class RunDetailView(LeaseholdAPIView):
         responses={200: s.RunSerializer, **_errors(404)},
     )
     def get(self, request: Request, uuid: str) -> Response:
-        return Response(s.RunSerializer(selectors.run_get(run_uuid=uuid)).data)
+        return Response(s.RunSerializer(selectors.run_get(run_uuid=uuid, user=request.user)).data)
 
 
 class RunEventsView(LeaseholdAPIView):
@@ -126,7 +130,7 @@ class RunEventsView(LeaseholdAPIView):
     )
     def get(self, request: Request, uuid: str) -> Response:
         query = _parse(s.EventsQuerySerializer, request.query_params)
-        run = selectors.run_get(run_uuid=uuid)
+        run = selectors.run_get(run_uuid=uuid, user=request.user)
         events = selectors.run_events(run=run, after=query["after"])[: s.EVENTS_LIMIT]
         return Response(s.EventSerializer(events, many=True).data)
 
@@ -160,7 +164,9 @@ class DecisionView(LeaseholdAPIView):
         description="Approve or deny the pending turn. inline: 200 with the run after the "
         "continuation; queued: 202. 409: stale or missing digest, already decided, not "
         "waiting, or unreadable_state (the stored turn does not match its digest: it can only "
-        "be cancelled). 403: not permitted, or self-approval under four-eyes.",
+        "be cancelled). 403: not permitted (deciding needs agentruns.decide_agentrun; approving "
+        "also every call's approve_permission and the configuration's approver group — the "
+        "message names what is missing), or self-approval under four-eyes.",
     )
 )
 class RunDecisionView(DecisionView):
@@ -192,7 +198,9 @@ class RunInputView(DecisionView):
         request=s.ReconciliationSerializer,
         responses=_DECISION_RESPONSES,
         description="Resolve an in-doubt write: landed, not_landed (the run continues) or "
-        "abandon (settled failed / reconciled_abandoned).",
+        "abandon (settled failed / reconciled_abandoned). landed and not_landed need what "
+        "approving the call needs (403 not_permitted names what is missing); abandon needs "
+        "agentruns.decide_agentrun only.",
     )
 )
 class RunReconciliationView(DecisionView):
@@ -206,7 +214,9 @@ class RunCancelView(LeaseholdAPIView):
         parameters=[UUID_PARAMETER],
         request=None,
         responses={200: s.CancelledSerializer, **_errors(404)},
-        description="cancelled is false when the run had already ended.",
+        description="cancelled is false when the run had already ended. The initiator may "
+        "cancel their own run; anyone else needs agentruns.cancel_agentrun, and a run waiting "
+        "for reconciliation also needs agentruns.decide_agentrun (403 not_permitted).",
     )
     def post(self, request: Request, uuid: str) -> Response:
         cancelled = runs.run_cancel(run_uuid=uuid, actor=request.user, note="cancelled via API")

@@ -108,3 +108,23 @@ class Provider(Protocol):
         Raises ``ProviderError`` (and nothing else) on failure. Does not mutate its arguments.
         """
         ...
+
+
+#: Token counts are stored in 32-bit integer columns (PostgreSQL ``integer``).
+MAX_TOKENS = 2**31 - 1
+
+
+def checked_reply(reply: ProviderReply) -> ProviderReply:
+    """``reply`` if its token usage can be stored, else a non-retryable ``bad_response``: a count
+    that is not an integer from 0 to ``MAX_TOKENS`` is a malformed reply, not a number to add."""
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        value = reply.usage.get(key, 0)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TOKENS:
+            raise ProviderError(
+                f"the provider reported {key}={value!r}: not a token count",
+                kind=ErrorKind.BAD_RESPONSE,
+                retryable=False,
+            )
+    return reply

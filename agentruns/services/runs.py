@@ -14,7 +14,15 @@ from uuid import UUID
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import ValidationError
 
-from agentruns import conf, transitions
+from agentruns import conf, selectors, transitions
+from agentruns.authority import (
+    CANCEL_PERMISSION,
+    DECIDE_PERMISSION,
+    Authority,
+    Decider,
+    approval_authority,
+    deciding_authority,
+)
 from agentruns.exceptions import (
     ConfigurationNotFound,
     InvalidInput,
@@ -52,8 +60,10 @@ from agentruns.turns import (
 logger = logging.getLogger(__name__)
 
 User = AbstractBaseUser | AnonymousUser
-DECIDE_PERMISSION = "agentruns.decide_agentrun"
 RECONCILIATION_VERDICTS = ("landed", "not_landed", "abandon")
+CANCEL_IN_DOUBT_REFUSAL = (
+    f"cancelling a run in doubt needs {DECIDE_PERMISSION}, as abandoning it does"
+)
 # Called with the lease of an inline segment before it runs (the playground's stream keeps it
 # to settle the run ``abandoned`` if its client goes away: ``run_abandon``).
 ClaimHook = Callable[[Lease], None]
@@ -184,6 +194,24 @@ def _require_decider(actor: User) -> None:
         raise NotPermitted("deciding needs the agentruns.decide_agentrun permission")
 
 
+def _require_authority(actor: User, run: AgentRun) -> Authority:
+    """Refuse (``NotPermitted``, naming what is missing) unless ``actor`` may approve the locked
+    run's pending turn or give a landed / not landed verdict on it (docs/design.md §5.6).
+
+    Runs under the row lock: the calls are read from the locked row, the configuration (its
+    approver group) and the actor's group memberships afresh.
+    """
+    configuration = AgentConfiguration.objects.select_related("approver_group").get(
+        pk=run.configuration_id
+    )
+    authority = approval_authority(
+        user=actor, configuration=configuration, pending=read_pending_turn(run)
+    )
+    if not authority.allowed:
+        raise NotPermitted(authority.refusal)
+    return authority
+
+
 def _run_id(run_uuid: UUID | str, *, missing_ok: bool = False) -> int | None:
     try:
         run_id = AgentRun.objects.filter(uuid=run_uuid).values_list("pk", flat=True).first()
@@ -229,9 +257,11 @@ def run_decide(
 ) -> SegmentResult:
     """Approve or deny the pending turn of a run waiting for approval.
 
-    Refusals (nothing changes): ``NotPermitted``, ``RunNotFound``, ``StaleTurn`` (missing or
-    stale digest), ``AlreadyDecided``, ``NotWaiting``, ``SelfApprovalRefused`` (four-eyes: the
-    initiator may deny but not approve). Inline mode continues under a ``resume:`` claim in this
+    Refusals (nothing changes): ``NotPermitted`` (no ``decide_agentrun``; approving, also the
+    authority of ``agentruns.authority.approval_authority``, checked under the row lock),
+    ``RunNotFound``, ``StaleTurn`` (missing or stale digest), ``AlreadyDecided``, ``NotWaiting``,
+    ``SelfApprovalRefused`` (four-eyes: the initiator may deny but not approve). The approval
+    event records the authority checked. Inline mode continues under a ``resume:`` claim in this
     process; queued mode hands the continuation to a worker.
     """
     _require_decider(actor)
@@ -250,6 +280,12 @@ def run_decide(
         ):
             raise SelfApprovalRefused()
 
+    checked: list[Authority] = []
+
+    def authority_then_four_eyes(run: AgentRun) -> None:
+        checked.append(_require_authority(actor, run) if approved else deciding_authority(actor))
+        four_eyes(run)
+
     def approval_event(run: AgentRun) -> EventSpec:
         # Built under the row lock, from the turn the digest was checked against.
         return EventSpec(
@@ -260,6 +296,7 @@ def run_decide(
                 "mode": mode,
                 "decider": actor.get_username(),
                 "calls": [{"id": c.id, "name": c.name} for c in read_pending_turn(run).calls],
+                "authority": checked[-1].as_payload(),
             },
             actor_id=actor.pk,
         )
@@ -273,7 +310,7 @@ def run_decide(
         ),
         event=approval_event,
         identity=identity,
-        check=four_eyes,
+        check=authority_then_four_eyes,  # called before ``approval_event``
     )
     return _hand_on(decided, observer, on_claim)
 
@@ -373,7 +410,12 @@ def run_reconcile(
     observer: EventObserver | None = None,
     on_claim: ClaimHook | None = None,
 ) -> SegmentResult:
-    """Resolve an in-doubt write (docs/design.md §9): ``landed``, ``not_landed`` or ``abandon``."""
+    """Resolve an in-doubt write (docs/design.md §9): ``landed``, ``not_landed`` or ``abandon``.
+
+    Every verdict needs ``decide_agentrun``; ``landed`` and ``not_landed`` also need the
+    authority to approve the call in doubt (``agentruns.authority``), checked under the row
+    lock; ``abandon`` needs no more. The event records the authority checked.
+    """
     _require_decider(actor)
     if verdict not in RECONCILIATION_VERDICTS:
         raise InvalidRequest(
@@ -382,37 +424,70 @@ def run_reconcile(
     identity = _mode_identity(mode)
     pending = _pending(run_uuid, waiting_in=Status.WAITING_FOR_RECONCILIATION)
     call = pending.call if pending is not None else None
-    event = EventSpec(
-        EventKind.RECONCILIATION,
-        {
-            "verdict": verdict,
-            "turn_digest": turn_digest,
-            "call": call.to_json() if call is not None else None,
-            "mode": mode,
-            "decider": actor.get_username(),
-        },
-        actor_id=actor.pk,
-    )
+
+    def event(authority: Authority) -> EventSpec:
+        return EventSpec(
+            EventKind.RECONCILIATION,
+            {
+                "verdict": verdict,
+                "turn_digest": turn_digest,
+                "call": call.to_json() if call is not None else None,
+                "mode": mode,
+                "decider": actor.get_username(),
+                "authority": authority.as_payload(),
+            },
+            actor_id=actor.pk,
+        )
+
     if verdict == "abandon":
         run = transitions.run_reconcile_abandon(
-            run_uuid=run_uuid, turn_digest=turn_digest, event=event
+            run_uuid=run_uuid, turn_digest=turn_digest, event=event(deciding_authority(actor))
         )
         return SegmentResult(Outcome.FAILED, run)
+    checked: list[Authority] = []
     decided = transitions.run_decide(
         run_uuid=run_uuid,
         expected_status=Status.WAITING_FOR_RECONCILIATION,
         turn_digest=turn_digest,
         decision=ReconciliationDecision(verdict=verdict, call=call, decider_id=actor.pk),
-        event=event,
+        event=lambda run: event(checked[-1]),
         identity=identity,
+        check=lambda run: checked.append(_require_authority(actor, run)),  # before ``event``
     )
     return _hand_on(decided, observer, on_claim)
 
 
 def run_cancel(*, run_uuid: UUID | str, actor: User | None = None, note: str = "") -> bool:
-    """Cancel a non-terminal run; ``False`` when it was already terminal."""
-    run_id = cast(int, _run_id(run_uuid))  # not missing_ok: RunNotFound, never None
-    return transitions.run_cancel(run_id=run_id, actor_id=_user_id(actor), note=note)
+    """Cancel a non-terminal run; ``False`` when it was already terminal.
+
+    ``actor=None`` is the server itself (``cancel_run``): it may cancel any run. A person
+    (docs/design.md §12.1) must see the run (else ``RunNotFound``: it does not exist for them)
+    and have started it or hold ``agentruns.cancel_agentrun``; cancelling a run in doubt
+    (``waiting_for_reconciliation``) also needs ``agentruns.decide_agentrun``, as abandoning it
+    does. Refused: ``NotPermitted``, naming what is missing. The in-doubt rule is part of the
+    cancel's guard, so a run that goes in doubt after it was read is refused, not cancelled.
+    """
+    if actor is None:
+        run_id = cast(int, _run_id(run_uuid))  # not missing_ok: RunNotFound, never None
+        return transitions.run_cancel(run_id=run_id, note=note)
+    run = selectors.run_get(run_uuid=run_uuid, user=actor)
+    person = Decider(actor)
+    started_it = run.initiator_id is not None and run.initiator_id == actor.pk
+    if not started_it and not person.has_perm(CANCEL_PERMISSION):
+        raise NotPermitted(f"cancelling a run someone else started needs {CANCEL_PERMISSION}")
+    may_end_in_doubt = person.has_perm(DECIDE_PERMISSION)
+    if run.status == Status.WAITING_FOR_RECONCILIATION and not may_end_in_doubt:
+        raise NotPermitted(CANCEL_IN_DOUBT_REFUSAL)
+    if transitions.run_cancel(
+        run_id=run.pk, actor_id=_user_id(actor), note=note, in_doubt=may_end_in_doubt
+    ):
+        return True
+    if (
+        not may_end_in_doubt
+        and AgentRun.objects.filter(pk=run.pk, status=Status.WAITING_FOR_RECONCILIATION).exists()
+    ):
+        raise NotPermitted(CANCEL_IN_DOUBT_REFUSAL)  # it went in doubt after it was read
+    return False
 
 
 def run_abandon(*, lease: Lease) -> bool:

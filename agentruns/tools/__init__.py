@@ -6,6 +6,7 @@ here stamps or checks a lease.
 """
 
 from agentruns.tools.registry import (
+    OutcomeUnknown,
     Tool,
     ToolContext,
     ToolDefinitionError,
@@ -19,6 +20,7 @@ from agentruns.tools.registry import (
 )
 
 __all__ = [
+    "OutcomeUnknown",
     "Tool",
     "ToolContext",
     "ToolDefinitionError",

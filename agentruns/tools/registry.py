@@ -33,6 +33,8 @@ from agentruns.turns import canonical_json
 logger = logging.getLogger(__name__)
 
 TOOL_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+# A Django permission as ``user.has_perm`` takes it: ``"<app_label>.<codename>"``.
+PERMISSION_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z0-9_]{1,100}$")
 # The key a provider puts in a call's arguments when the model sent text that is not JSON.
 UNPARSED_ARGUMENTS_KEY = "_unparsed_arguments"
 MAX_ERROR_CHARS = 2000
@@ -42,6 +44,14 @@ ToolFunc = Callable[["ToolContext", dict[str, Any]], Any]
 PreviewFunc = Callable[["ToolContext", dict[str, Any]], Any]
 Resolver = Callable[[str], "Tool | None"]
 Lister = Callable[[], Iterable["Tool"]]
+
+
+class OutcomeUnknown(Exception):
+    """Raised by a tool when the outcome of its call is not known: a timeout or a lost connection
+    after the request may have been sent. For a non-idempotent write the run then waits for
+    reconciliation instead of telling the model the call failed (docs/design.md §9.1). A definite
+    answer — an HTTP status, an error result, a refusal before anything was sent — is a result,
+    not this."""
 
 
 class ToolDefinitionError(ImproperlyConfigured):
@@ -84,6 +94,10 @@ class Tool:
     input_schema: dict[str, Any] | None = None  # typed values a human supplies (reads only)
     # None: decided by the effect (writes need approval). Remote tools set it from their server.
     requires_approval: bool | None = None
+    # The permission (``"app_label.codename"``) a human needs, beside ``decide_agentrun``, to
+    # approve a turn that calls this tool or to say whether its in-doubt call landed
+    # (docs/design.md §5.6). None: deciding needs no more than ``decide_agentrun``.
+    approve_permission: str | None = None
     source: str = "local"  # "local" or "mcp"
     hints: dict[str, Any] = field(default_factory=dict)  # shown to staff, never decide anything
     # preview(context, arguments) -> what the write will change (docs/design.md §5.10): read-only,
@@ -126,10 +140,10 @@ def check_tool(tool: Tool) -> None:
     """Raise ``ToolDefinitionError`` unless ``tool`` is a definition the registry may hold.
 
     Refuses: a name outside ``^[a-zA-Z0-9_-]{1,64}$``; an empty description; a non-callable
-    func; parameters or input_schema that are not valid object schemas (``check_schema``: a
-    pattern that does not compile, a reference outside the schema); an ``input_schema`` on a
-    write tool (docs/design.md §4.1); an input property the parameters would reject after the
-    overlay."""
+    func; an ``approve_permission`` that is not ``"app_label.codename"``; parameters or
+    input_schema that are not valid object schemas (``check_schema``: a pattern that does not
+    compile, a reference outside the schema); an ``input_schema`` on a write tool
+    (docs/design.md §4.1); an input property the parameters would reject after the overlay."""
     if not isinstance(tool.name, str) or not TOOL_NAME_RE.fullmatch(tool.name):
         raise ToolDefinitionError(
             f"tool name {tool.name!r} must match {TOOL_NAME_RE.pattern} (letters, digits, _ and -)"
@@ -142,6 +156,14 @@ def check_tool(tool: Tool) -> None:
         raise ToolDefinitionError(f"tool {tool.name!r}: preview is not callable")
     if tool.source not in {"local", "mcp"}:
         raise ToolDefinitionError(f"tool {tool.name!r}: source must be 'local' or 'mcp'")
+    if tool.approve_permission is not None and not (
+        isinstance(tool.approve_permission, str)
+        and PERMISSION_RE.fullmatch(tool.approve_permission)
+    ):
+        raise ToolDefinitionError(
+            f"tool {tool.name!r}: approve_permission {tool.approve_permission!r} must be "
+            "'app_label.codename', as user.has_perm takes it"
+        )
     try:
         check_schema(tool.parameters, what=f"tool {tool.name!r} parameters")
         if tool.input_schema is not None:
@@ -176,6 +198,7 @@ def _definition_key(tool: Tool) -> tuple[Any, ...]:
         str(tool.effect),
         canonical_json(tool.input_schema),
         tool.requires_approval,
+        tool.approve_permission,
         tool.source,
         canonical_json(tool.hints),
         func_path if None not in func_path else id(tool.func),
@@ -325,6 +348,7 @@ def tool(
     parameters: dict[str, Any] | None = None,
     input_schema: dict[str, Any] | None = None,
     requires_approval: bool | None = None,
+    approve_permission: str | None = None,
     hints: dict[str, Any] | None = None,
     preview: PreviewFunc | None = None,
 ) -> Callable[[ToolFunc], Tool]:
@@ -344,6 +368,7 @@ def tool(
             func=func,
             input_schema=input_schema,
             requires_approval=requires_approval,
+            approve_permission=approve_permission,
             hints=dict(hints or {}),
             preview=preview,
         )
@@ -355,11 +380,13 @@ def tool(
 
 @dataclass(frozen=True)
 class ToolResult:
-    """The outcome of one call. ``ok`` False means the body failed or never ran (``error``)."""
+    """The outcome of one call. ``ok`` False means the body failed or never ran (``error``).
+    ``in_doubt``: the tool could not tell whether its effect happened (``OutcomeUnknown``)."""
 
     ok: bool
     content: Any  # JSON-serialisable; what the model sees
     error: str = ""
+    in_doubt: bool = False
 
     @classmethod
     def success(cls, content: Any) -> ToolResult:
@@ -426,6 +453,11 @@ def invoke_tool(tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
         return ToolResult.failure(refused)
     try:
         returned = tool.func(context, copy.deepcopy(dict(arguments)))
+    except OutcomeUnknown as exc:
+        logger.warning("tool %r: outcome unknown (call %s): %s", tool.name, context.call_id, exc)
+        return ToolResult(
+            ok=False, content=None, error=_truncate(f"outcome unknown: {exc}"), in_doubt=True
+        )
     except Exception as exc:
         logger.exception("tool %r failed (call %s)", tool.name, context.call_id)
         return ToolResult.failure(_truncate(f"{type(exc).__name__}: {exc}"))

@@ -23,6 +23,7 @@ from agentruns.transitions._writer import (
 )
 
 NON_TERMINAL = [s for s in Status.values if s not in TERMINAL_STATUSES]
+NOT_IN_DOUBT = [s for s in NON_TERMINAL if s != Status.WAITING_FOR_RECONCILIATION]
 
 
 # --- Endings -------------------------------------------------------------------------------------
@@ -70,15 +71,19 @@ def run_settle(
 
 
 @state_write
-def run_cancel(*, run_id: int, actor_id: int | None = None, note: str = "") -> bool:
+def run_cancel(
+    *, run_id: int, actor_id: int | None = None, note: str = "", in_doubt: bool = True
+) -> bool:
     """Cancel a non-terminal run. ``False``: already terminal — nothing changes.
 
-    A running holder keeps its ``claimed_by``/``lease_epoch`` so that it recognises the cancel at
-    its next boundary (``run_notice_cancel``); the lease itself ends now.
+    Guard: status non-terminal; with ``in_doubt=False`` also not ``waiting_for_reconciliation``
+    (the caller may not end a run in doubt: ``False`` then too, and the caller tells the two
+    apart). A running holder keeps its ``claimed_by``/``lease_epoch`` so that it recognises the
+    cancel at its next boundary (``run_notice_cancel``); the lease itself ends now.
     """
     return guarded_write(
         run_id,
-        Q(status__in=NON_TERMINAL),
+        Q(status__in=NON_TERMINAL if in_doubt else NOT_IN_DOUBT),
         {
             "status": Status.CANCELLED,
             "termination_reason": TerminationReason.CANCELLED,

@@ -195,6 +195,37 @@ def run_suspend(
 
 
 @state_write
+def run_park_in_doubt(
+    lease: Lease,
+    *,
+    pending_turn: PendingTurn,
+    loop_state: Mapping[str, Any],
+    events: Iterable[EventSpec] = (),
+) -> bool:
+    """Park a running run whose non-idempotent write has an unknown outcome in
+    ``waiting_for_reconciliation``, as the reaper parks one whose segment died mid-write.
+
+    Guard: owner (the segment holding the lease stamped the fence; nobody else can change it).
+    The fence is kept: ``pending_effect`` and ``pending_call`` name the call for the reconciler.
+    Claim and lease released. ``False``: the run was cancelled or the lease lost meanwhile —
+    announce nothing.
+    """
+    if pending_turn.kind != "reconciliation":
+        raise ValueError("only a reconciliation turn parks a run in doubt")
+    return segment_write(
+        lease,
+        {
+            "status": Status.WAITING_FOR_RECONCILIATION,
+            "pending_turn": pending_turn.to_json(),
+            "claimed_by": "",
+            "lease_expires": None,
+        },
+        events,
+        loop_state=loop_state,
+    )
+
+
+@state_write
 def run_requeue(
     lease: Lease,
     *,

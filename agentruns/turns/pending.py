@@ -61,6 +61,9 @@ class PendingTurn:
     lease_epoch: int | None = None
     lease_expired_at: datetime | None = None
     problem: str = ""
+    # reconciliation: why the outcome is unknown when the segment itself parked the run (the
+    # tool's words, e.g. a timeout after the request was sent); "" when the segment died.
+    reason: str = ""
 
     @property
     def readable(self) -> bool:
@@ -113,6 +116,22 @@ class PendingTurn:
             lease_expired_at=run.lease_expires,
         )
 
+    @classmethod
+    def in_doubt(
+        cls, call: Call, *, run_uuid: object, segment: str, lease_epoch: int, reason: str
+    ) -> PendingTurn:
+        """The turn shown for a write whose tool could not tell whether it happened: the call as
+        its fence stamped it and why its outcome is unknown."""
+        return cls(
+            kind=RECONCILIATION,
+            turn_digest=turn_digest([call]),
+            calls=(call,),
+            idempotency_key=f"{run_uuid}:{call.id}",
+            segment=segment,
+            lease_epoch=lease_epoch,
+            reason=reason[:500],
+        )
+
     # -- storing and reading --
 
     def to_json(self) -> dict[str, Any]:
@@ -140,6 +159,7 @@ class PendingTurn:
                 "lease_expired_at": (
                     self.lease_expired_at.isoformat() if self.lease_expired_at else None
                 ),
+                "reason": self.reason,
                 "turn_digest": self.turn_digest,
             }
         raise ValueError(f"a {self.kind} turn cannot be stored")
@@ -201,6 +221,7 @@ class PendingTurn:
             segment=str(raw.get("segment") or ""),
             lease_epoch=epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
             lease_expired_at=parse_datetime(expired) if isinstance(expired, str) else None,
+            reason=str(raw.get("reason") or ""),
         )
 
 

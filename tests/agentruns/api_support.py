@@ -11,6 +11,12 @@ from tests.agentruns.factories import AgentConfigurationFactory
 
 NOTE_CALL = {"name": "create_note", "arguments": {"title": "t", "body": "b"}}
 APPROVAL_SCRIPT = [{"tool_calls": [NOTE_CALL]}, {"content": "created"}]
+# call_webhook declares approve_permission playground.approve_webhooks (docs/design.md §5.6).
+WEBHOOK_CALL = {
+    "name": "call_webhook",
+    "arguments": {"url": "http://hooks.invalid/", "payload": {}},
+}
+WEBHOOK_SCRIPT = [{"tool_calls": [WEBHOOK_CALL]}, {"content": "sent"}]
 INPUT_SCRIPT = [
     {"tool_calls": [{"name": "ask_human", "arguments": {"question": "Which colour?"}}]},
     {"content": "thanks"},
@@ -21,8 +27,10 @@ def config(slug: str, script: list[dict[str, Any]], **extra: Any) -> AgentConfig
     return AgentConfigurationFactory(slug=slug, script=script, **extra)
 
 
-def waiting_for_approval(user: Any = None, **extra: Any) -> AgentRun:
-    configuration = config(extra.pop("slug", "notes"), APPROVAL_SCRIPT, **extra)
+def waiting_for_approval(
+    user: Any = None, *, script: list[dict[str, Any]] = APPROVAL_SCRIPT, **extra: Any
+) -> AgentRun:
+    configuration = config(extra.pop("slug", "notes"), script, **extra)
     result = runs.run_start_sync(configuration=configuration, prompt="make a note", initiator=user)
     assert result.run.status == Status.WAITING_FOR_APPROVAL, result
     return result.run
@@ -36,17 +44,19 @@ def waiting_for_input(user: Any = None) -> AgentRun:
     return result.run
 
 
-def in_doubt(user: Any = None) -> AgentRun:
+def in_doubt(user: Any = None, *, call: dict[str, Any] | None = None, **extra: Any) -> AgentRun:
     """A run parked as the reaper parks one caught mid non-idempotent write (without the
-    history before it: its script's first turn is the answer after the verdict)."""
+    history before it: its script's first turn is the answer after the verdict). ``call``
+    (``{name, arguments}``, default ``create_note``) is the write in doubt; ``extra`` goes to
+    its configuration."""
     run = AgentRun.objects.create(
-        configuration=config("doubt", [{"content": "resumed"}]),
+        configuration=config(extra.pop("slug", "doubt"), [{"content": "resumed"}], **extra),
         initiator=user,
         prompt="make a note",
         status=Status.WAITING_FOR_RECONCILIATION,
         lease_epoch=1,
         pending_effect=Effect.NON_IDEMPOTENT_WRITE,
-        pending_call={"id": "call_0_0", **NOTE_CALL, "effect": "non_idempotent_write"},
+        pending_call={"id": "call_0_0", **(call or NOTE_CALL), "effect": "non_idempotent_write"},
     )
     AgentRun.objects.filter(pk=run.pk).update(
         pending_turn=PendingTurn.for_reconciliation(run).to_json()

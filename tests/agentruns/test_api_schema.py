@@ -8,6 +8,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from django.contrib.auth import get_user_model
 from drf_spectacular.validation import validate_schema
 from rest_framework.test import APIClient
 
@@ -93,6 +94,7 @@ def _cases(api: APIClient) -> dict[str, list[tuple[str, str, dict | None, int]]]
     inline = waiting_for_approval(slug="notes")
     doubt = in_doubt()
     asking = waiting_for_input()
+    mine = waiting_for_approval(get_user_model().objects.get(username="decider"), slug="mine")
     unknown = "00000000-0000-0000-0000-000000000000"
     return {
         "runs_list": [
@@ -157,7 +159,9 @@ def _cases(api: APIClient) -> dict[str, list[tuple[str, str, dict | None, int]]]
             ),
         ],
         "runs_cancel": [
-            ("post", f"/api/runs/{approval.uuid}/cancel/", None, 200),
+            ("post", f"/api/runs/{mine.uuid}/cancel/", None, 200),
+            # Someone else's run needs agentruns.cancel_agentrun (docs/design.md §12.1).
+            ("post", f"/api/runs/{approval.uuid}/cancel/", None, 403),
             ("post", f"/api/runs/{unknown}/cancel/", None, 404),
         ],
     }

@@ -14,7 +14,9 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.db.models.functions import Now
+from django.test import override_settings
 from django.utils import timezone
 from django_q.models import OrmQ, Task
 
@@ -36,6 +38,8 @@ pytestmark = [
 ]
 
 DECIDE = "agentruns.decide_agentrun"
+# Approving call_webhook also needs its approve_permission (docs/design.md §5.6).
+APPROVER = [DECIDE, "playground.approve_webhooks"]
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -71,7 +75,7 @@ def tool_events(run: AgentRun, name: str) -> list[AgentRunEvent]:
 
 
 def approve(run: AgentRun, *, mode: str = "queued") -> None:
-    staff = UserFactory(permissions=[DECIDE])
+    staff = UserFactory(permissions=APPROVER)
     runs.run_decide(
         run_uuid=run.uuid,
         actor=staff,
@@ -275,7 +279,7 @@ def test_a_worker_killed_during_an_idempotent_write_is_requeued_and_completed(pr
 
 def start_inline_decision(processes, run: AgentRun, env: dict[str, str]):
     """A "web" process approving inline: it continues the run under a ``resume:`` lease."""
-    staff = UserFactory(permissions=[DECIDE])
+    staff = UserFactory(permissions=APPROVER)
     digest = row(run).pending_turn["turn_digest"]
     code = (
         "from django.contrib.auth import get_user_model\n"
@@ -301,7 +305,11 @@ def test_a_web_process_killed_during_an_inline_webhook_leaves_the_run_in_doubt(
 ):
     env = process_env(AGENTRUNS_WEBHOOK_ALLOWLIST=holding_server.netloc)
     call = {"name": "call_webhook", "arguments": {"url": holding_server.url(), "payload": {}}}
-    run = start_sync([{"tool_calls": [call]}, {"content": "sent"}])
+    # The same allowlist here as in the web process: the approver's preview ("POST … to …")
+    # must be what the web process computes again before it sends (compare-and-swap).
+    allowed = {**settings.AGENTRUNS, "WEBHOOK_ALLOWLIST": [holding_server.netloc]}
+    with override_settings(AGENTRUNS=allowed):
+        run = start_sync([{"tool_calls": [call]}, {"content": "sent"}])
     web = start_inline_decision(processes, run, env)
     wait_until(lambda: holding_server.requests, timeout=60, message="the webhook", procs=[web])
     holder = row(run).claimed_by

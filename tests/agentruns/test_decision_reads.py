@@ -113,7 +113,9 @@ def test_an_approval_names_the_pending_calls_and_reads_the_run_only_under_the_lo
         )
 
     assert decided.outcome == Outcome.QUEUED
-    assert statements(captured)["SELECT"] == 2  # the locked row and the next event sequence
+    # The locked row, its configuration (the approver group, read afresh under the lock:
+    # docs/design.md §5.6) and the next event sequence.
+    assert statements(captured)["SELECT"] == 3
     approval = AgentRunEvent.objects.get(run=result.run, kind=EventKind.APPROVAL)
     assert approval.payload["calls"] == [
         {"id": c["id"], "name": c["name"]} for c in pending["calls"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth.models import Group, Permission
 from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError
 
@@ -58,6 +59,33 @@ def test_configuration_with_runs_cannot_be_deleted():
         run.configuration.delete()
 
     assert AgentRun.objects.filter(pk=run.pk).exists()
+
+
+def test_an_approver_group_named_by_a_configuration_cannot_be_deleted():
+    """Deleting the group must not silently lift the restriction (fail closed)."""
+    group = Group.objects.create(name="webhook approvers")
+    config = AgentConfigurationFactory(approver_group=group)
+
+    with pytest.raises(ProtectedError):
+        group.delete()
+
+    config.refresh_from_db()
+    assert config.approver_group == group
+    assert AgentConfigurationFactory().approver_group is None
+
+
+@pytest.mark.parametrize(
+    ("app_label", "codename"),
+    [
+        ("agentruns", "decide_agentrun"),
+        ("agentruns", "view_all_agentruns"),
+        ("agentruns", "cancel_agentrun"),
+        ("playground", "use_playground"),
+        ("playground", "approve_webhooks"),
+    ],
+)
+def test_the_permissions_exist(app_label, codename):
+    assert Permission.objects.filter(content_type__app_label=app_label, codename=codename).exists()
 
 
 def test_events_go_with_their_run():

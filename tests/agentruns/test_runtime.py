@@ -23,7 +23,13 @@ from agentruns.exceptions import (
 )
 from agentruns.leases import Lease
 from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
-from agentruns.services.runs import run_cancel, run_decide, run_start_sync, run_submit_input
+from agentruns.services.runs import (
+    run_cancel,
+    run_decide,
+    run_process_queued,
+    run_start_sync,
+    run_submit_input,
+)
 from agentruns.services.runtime import tool_step
 from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.segment import continue_segment
@@ -583,14 +589,14 @@ def test_a_tool_that_raises_and_invalid_arguments_become_results_the_model_sees(
         tool_turn(
             call("probe_raises", value="x"),
             call("read_note", id="not a number"),
-            call("no_such_tool"),
+            call("probe_write", value="y"),
         ),
         {"content": "recovered"},
     ]
 
-    result = start(config(tools=["probe_raises", "read_note", "no_such_tool"]), script)
+    result = start(config(tools=["probe_raises", "read_note", "probe_write"]), script)
 
-    # An unknown tool fails closed (needs approval): approve the turn to see every result.
+    # The write needs approval: approve the turn to see every result.
     assert result.outcome == Outcome.AWAITING_APPROVAL
     decided = decide_inline(result.run)
 
@@ -602,12 +608,40 @@ def test_a_tool_that_raises_and_invalid_arguments_become_results_the_model_sees(
     assert "RuntimeError: the probe exploded" in results["call_0_0"]["error"]
     assert results["call_0_1"]["ok"] is False
     assert "invalid arguments" in results["call_0_1"]["error"]
-    assert results["call_0_2"]["ok"] is False
-    assert "unknown tool" in results["call_0_2"]["error"]
-    assert [s["tool"] for s in probes.seen] == ["probe_raises"]  # read_note's body never ran
+    assert results["call_0_2"]["ok"] is True
+    # read_note's body never ran
+    assert [s["tool"] for s in probes.seen] == ["probe_raises", "probe_write"]
     seen_by_model = {k: json.loads(v) for k, v in tool_messages(sent(run)[-1]).items()}
     assert "the probe exploded" in seen_by_model["call_0_0"]["error"]
     assert "invalid arguments" in seen_by_model["call_0_1"]["error"]
+    assert_released(run)
+
+
+def test_a_tool_unregistered_after_its_turn_was_approved_is_an_unknown_tool_result(probes):
+    """A turn naming a tool nobody registered cannot be approved (docs/design.md §5.6); one that
+    was approved while its tool existed meets an unknown tool when it executes, and the model is
+    told so."""
+    script = [tool_turn(call("probe_create", value="x")), {"content": "recovered"}]
+    result = start(config(tools=["probe_create"]), script)
+    assert result.outcome == Outcome.AWAITING_APPROVAL
+    queued = run_decide(
+        run_uuid=result.run.uuid,
+        actor=decider(),
+        approved=True,
+        turn_digest=result.run.pending_turn["turn_digest"],
+        mode="queued",
+    )
+    assert queued.outcome == Outcome.QUEUED
+
+    registry.unregister("probe_create")
+    finished = run_process_queued(run_uuid=result.run.uuid)
+
+    assert finished is not None and finished.outcome == Outcome.COMPLETED
+    run = finished.run
+    [tool_event] = [e for e in events(run) if e.kind == EventKind.TOOL]
+    assert tool_event.payload["ok"] is False
+    assert "unknown tool" in tool_event.payload["error"]
+    assert probes.seen == []  # no body ran
     assert_released(run)
 
 
@@ -658,7 +692,7 @@ def test_a_gap_in_the_event_stream_is_not_resumable():
 
 def test_an_event_actor_is_recorded_for_a_cancel_by_a_user():
     user = UserFactory()
-    run = AgentRunFactory(waiting=True)
+    run = AgentRunFactory(waiting=True, initiator=user)  # they may cancel their own run
     assert run_cancel(run_uuid=run.uuid, actor=user, note="no") is True
     (event,) = events(run)
     assert event.kind == EventKind.CANCEL and event.actor_id == user.pk

@@ -187,6 +187,31 @@ def test_decorator_builds_a_checked_tool_without_registering() -> None:
         )
 
 
+@pytest.mark.parametrize(
+    "permission", ["playground.approve_webhooks", "auth.add_user", "my_app.Can_2"]
+)
+def test_an_approve_permission_is_declared_in_code(permission: str) -> None:
+    reg = ToolRegistry()
+    defined = reg.register(make(approve_permission=permission))
+    assert reg.get("double").approve_permission == permission  # type: ignore[union-attr]
+    assert make().approve_permission is None
+    # Part of the definition: the same name with another permission is a different tool.
+    with pytest.raises(ToolDefinitionError, match="already registered"):
+        reg.register(make(approve_permission="other.perm"))
+    assert reg.get("double") is defined
+
+
+@pytest.mark.parametrize(
+    "permission",
+    ["", "approve_webhooks", "playground.", ".approve", "a.b.c", "play ground.x", "a.b c", 3],
+)
+def test_a_malformed_approve_permission_is_refused(permission: Any) -> None:
+    with pytest.raises(ToolDefinitionError, match="approve_permission"):
+        ToolRegistry().register(make(approve_permission=permission))
+    with pytest.raises(ToolDefinitionError, match="approve_permission"):
+        tool(name="w", description="d", effect=Effect.READ, approve_permission=permission)(double)
+
+
 # --- effects, approval, schema ----------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
 """The inbox in headless Chromium, with JavaScript switched off: a staff member logs in and
-approves a write; two browsers race on one card; the input form's 422 path; a reconciliation.
+approves a write; two browsers race on one card; the input form's 422 path; a reconciliation;
+a card its reviewer may only deny.
 
 Needs Debian's ``/usr/bin/chromium`` (``.ci/run`` installs it) and Playwright's Python package.
 Decisions are queued (the inbox's default): where a test needs the continuation to happen, it
@@ -18,7 +19,7 @@ from django.urls import reverse
 from agentruns.models import AgentRun, AgentRunEvent, Status
 from agentruns.services import runs
 from playground.models import Note
-from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory
+from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory, UserFactory
 from tests.approvals.conftest import make_in_doubt_run, start_input_run, start_waiting_run
 from tests.approvals.html import headings_in_order
 from tests.support.browser import new_page as support_new_page
@@ -218,3 +219,42 @@ def test_every_card_type_in_one_inbox(browser, live_server, decider, initiator, 
     )
     assert len(groups) == 3 and all(groups)
     assert screenshot(page, "inbox.png").stat().st_size > 10_000
+
+
+def test_a_reviewer_without_the_tool_s_permission_sees_deny_only_and_what_is_missing(
+    browser, live_server, decider, initiator
+):
+    """``call_webhook`` needs ``playground.approve_webhooks`` beside deciding (docs/design.md
+    §5.6): ``decider`` holds only ``decide_agentrun``, a superuser holds everything."""
+    run = start_waiting_run(
+        initiator=initiator,
+        tool="call_webhook",
+        arguments={"url": "http://hooks.invalid/deployed", "payload": {"event": "deployed"}},
+    )
+    approver = UserFactory(username="root", is_superuser=True)
+    reviewer, admin = new_page(browser), new_page(browser)
+    log_in(reviewer, live_server, decider)
+    log_in(admin, live_server, approver)
+    for page in (reviewer, admin):
+        page.goto(f"{live_server.url}{reverse('approvals:inbox')}")
+
+    shown = card(reviewer, run)
+    assert shown.get_by_role("button", name="Deny").count() == 1
+    assert shown.get_by_role("button", name="Approve").count() == 0
+    line = shown.locator(".approvals-missing")
+    assert line.inner_text() == (
+        "You may not approve this turn: approving call_webhook needs "
+        "playground.approve_webhooks. You may deny it."
+    )
+    # The decision's group is described by that line, for screen readers too.
+    described = shown.locator("fieldset").get_attribute("aria-describedby")
+    assert described and reviewer.locator(f"#{described}").inner_text() == line.inner_text()
+    screenshot(reviewer, "inbox-deny-only.png")
+
+    # Someone who holds the permission gets both buttons and no such line.
+    assert card(admin, run).get_by_role("button", name="Approve").count() == 1
+    assert card(admin, run).locator(".approvals-missing").count() == 0
+
+    shown.get_by_role("button", name="Deny").click()
+    assert messages(reviewer)[0].startswith("Denied:")
+    assert AgentRun.objects.get(pk=run.pk).status == Status.QUEUED

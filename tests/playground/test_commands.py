@@ -34,3 +34,10 @@ def test_seed_demo_seeds_once_and_the_colleague_may_decide_and_play() -> None:
         "agentruns.decide_agentrun",
         "playground.use_playground",
     }
+    # Only admin may approve webhooks: colleague can approve notes but not call_webhook.
+    assert users.get(username="admin").has_perm("playground.approve_webhooks")
+    assert not colleague.has_perm("playground.approve_webhooks")
+    assert (
+        AgentConfiguration.objects.get(slug="webhook-sender").script[0]["tool_calls"][0]["name"]
+        == "call_webhook"
+    )

@@ -21,6 +21,7 @@ from playground.models import Note
 from playground.stream import RunStream
 from tests.agentruns.api_support import (
     APPROVAL_SCRIPT,
+    WEBHOOK_SCRIPT,
     config,
     digest,
     waiting_for_approval,
@@ -154,6 +155,24 @@ def test_a_streamed_decision_that_is_refused_is_one_error_line(dev_client):
             "event": "error",
             "code": "stale_turn",
             "message": "The pending action changed — review again.",
+        }
+    ]
+    assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_APPROVAL
+
+
+def test_a_streamed_approval_without_the_tool_s_permission_is_one_error_line_naming_it(
+    dev_client, developer
+):
+    run = waiting_for_approval(developer, script=WEBHOOK_SCRIPT)
+    response = dev_client.post(
+        f"/playground/runs/{run.uuid}/decision/stream/",
+        {"approved": "1", "turn_digest": digest(run)},
+    )
+    assert [line for line in lines(response)] == [
+        {
+            "event": "error",
+            "code": "not_permitted",
+            "message": "approving call_webhook needs playground.approve_webhooks",
         }
     ]
     assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_APPROVAL

@@ -216,8 +216,9 @@ def test_a_stale_decision_is_refused_with_a_message(dev_client):
 
 
 def test_deciding_needs_the_decide_permission(client):
-    client.force_login(UserFactory(username="tinkerer", permissions=[USE]))
-    run = waiting_for_approval()
+    tinkerer = UserFactory(username="tinkerer", permissions=[USE])
+    client.force_login(tinkerer)
+    run = waiting_for_approval(tinkerer)  # their own: another's run does not exist for them
     response = client.post(
         f"/playground/runs/{run.uuid}/decision/",
         {"approved": "1", "turn_digest": digest(run)},

@@ -47,7 +47,7 @@ class Command(BaseCommand):
             if cancelled:
                 self.stdout.write(f"cancelled {target}")
                 return
-            status = selectors.run_get(run_uuid=target).status
+            status = selectors.run_get(run_uuid=target, user=None).status  # the server sees all
         except RunNotFound:
             raise CommandError(
                 f"no run {target}", returncode=EXIT_NOT_FOUND_OR_BAD_ARGUMENTS

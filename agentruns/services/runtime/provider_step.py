@@ -11,6 +11,7 @@ from agentruns import transitions
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentConfiguration, AgentRun, EventKind, Status
 from agentruns.providers import ProviderError, ProviderReply, provider_for
+from agentruns.providers.base import checked_reply
 from agentruns.services.runtime.failures import provider_error, retry_policy
 from agentruns.services.runtime.results import Outcome, RetryScheduler, Stop
 from agentruns.services.runtime.ticker import LeaseTicker
@@ -71,8 +72,10 @@ class ProviderStep:
         started = time.monotonic()
         with LeaseTicker(self.lease) as ticker:
             try:
-                reply = provider.complete(
-                    messages=list(self.messages), tools=tools, run_uuid=str(self.run.uuid)
+                reply = checked_reply(
+                    provider.complete(
+                        messages=list(self.messages), tools=tools, run_uuid=str(self.run.uuid)
+                    )
                 )
             except ProviderError as exc:
                 failure: ProviderError | None = exc

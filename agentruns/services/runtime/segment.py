@@ -187,7 +187,7 @@ class RunSegment(ProviderStep):
         finished = [
             spec
             for spec in [*self._deferred, *(completed or [])]
-            if spec.kind in (EventKind.TOOL, EventKind.LLM)
+            if spec.kind in (EventKind.TOOL, EventKind.LLM, EventKind.IN_DOUBT)
         ]
         self._deferred = []
         noticed = transitions.run_notice_cancel(
@@ -355,8 +355,10 @@ class RunSegment(ProviderStep):
         )
         if step.result is None:  # the fence stamp matched no row: the write did not start
             return self._lost(at="fence")
-        turn.done.append(call.id)
         result = step.result
+        if result.in_doubt and effect == Effect.NON_IDEMPOTENT_WRITE:
+            return self._park_in_doubt(call, arguments, result.error, lost=step.lease_lost)
+        turn.done.append(call.id)
         event = EventSpec(
             EventKind.TOOL,
             {
@@ -380,6 +382,35 @@ class RunSegment(ProviderStep):
         )
 
     # -- suspending --
+
+    def _park_in_doubt(self, call: Call, arguments: Any, reason: str, *, lost: bool) -> Stop:
+        """A non-idempotent write whose tool could not tell whether it happened is in doubt,
+        exactly like one whose segment died: never reported to the model as a failure (it would
+        propose it again, under a new key), never retried. The run waits for reconciliation with
+        the fence kept (docs/design.md §9.1)."""
+        stamped = Call(call.id, call.name, arguments=arguments, effect=Effect.NON_IDEMPOTENT_WRITE)
+        doubt = EventSpec(
+            EventKind.IN_DOUBT,
+            {"call_id": call.id, "name": call.name, "arguments": arguments, "error": reason},
+        )
+        if lost:
+            return self._lost(at="tool", completed=[doubt])
+        if stop := self._flush():
+            return stop
+        pending = PendingTurn.in_doubt(
+            stamped,
+            run_uuid=self.run.uuid,
+            segment=self.lease.owner,
+            lease_epoch=self.lease.epoch,
+            reason=reason,
+        )
+        if transitions.run_park_in_doubt(
+            self.lease, pending_turn=pending, loop_state=self.state.to_json(), events=[doubt]
+        ):
+            if self.observer is not None:
+                self.observer(doubt)
+            return Stop(Outcome.AWAITING_RECONCILIATION)
+        return self._lost(completed=[doubt])
 
     def _suspend(self, status: str, pending: PendingTurn, outcome: str) -> Stop:
         if stop := self._flush():

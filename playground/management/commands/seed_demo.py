@@ -13,7 +13,9 @@ from django.db.models import Q
 from agentruns.models import AgentConfiguration, Provider
 from playground.models import Note
 
-# The staff user "colleague" may decide runs (agentruns) and use the playground (playground).
+# The staff user "colleague" may decide runs (agentruns) and use the playground (playground),
+# but not approve webhooks (``playground.approve_webhooks``, call_webhook's approve_permission):
+# of the demo users only the superuser "admin" holds that one (implicitly, as every permission).
 COLLEAGUE_PERMISSIONS = Q(content_type__app_label="agentruns", codename="decide_agentrun") | Q(
     content_type__app_label="playground", codename="use_playground"
 )
@@ -42,6 +44,24 @@ DEMO_CONFIGURATIONS: list[dict[str, Any]] = [
         "script": [
             {"tool_calls": [{"name": "ask_human", "arguments": {"question": "Which colour?"}}]},
             {"content": "Thanks, noted."},
+        ],
+    },
+    {
+        "slug": "webhook-sender",
+        "name": "Webhook sender (scripted; approving needs playground.approve_webhooks)",
+        "script": [
+            {
+                "tool_calls": [
+                    {
+                        "name": "call_webhook",
+                        "arguments": {
+                            "url": "http://127.0.0.1:8000/hooks/deployed",
+                            "payload": {"event": "deployed"},
+                        },
+                    }
+                ]
+            },
+            {"content": "I sent the deployment webhook."},
         ],
     },
     {
@@ -100,4 +120,7 @@ class Command(BaseCommand):
                 "colleague", "colleague@example.com", "colleague", is_staff=True
             )
             colleague.user_permissions.add(*Permission.objects.filter(COLLEAGUE_PERMISSIONS))
-            self.stdout.write("created staff user colleague / colleague (may decide, may play)")
+            self.stdout.write(
+                "created staff user colleague / colleague (may decide and play; may not approve "
+                "webhooks)"
+            )

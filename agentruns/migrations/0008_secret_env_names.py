@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentruns', '0006_run_internal_error_and_error_events'),
+        ('agentruns', '0007_configuration_approver_group_and_run_permissions'),
     ]
 
     operations = [

@@ -1,0 +1,157 @@
+"""Who may decide a pending turn (docs/design.md §5.6, §12.1): the authority a decision needs,
+computed from the calls of the turn a human decides on, in one function for every interface.
+
+* **Deny**, **input** and **abandon** need ``agentruns.decide_agentrun``.
+* **Approve** a turn, and say whether an in-doubt call **landed** or **not landed**, need
+  ``agentruns.decide_agentrun``, the ``approve_permission`` of every call's tool, and — when the
+  run's configuration names an ``approver_group`` — membership of that group. A call whose tool
+  is not registered (any more) can never be approved: its authority cannot be known (fail
+  closed).
+
+The decision services (``agentruns.services.runs``) check ``approval_authority`` under the run's
+row lock, against the pending turn read from the locked row and the configuration read afresh;
+the inbox and the playground call the same function to decide which controls to offer. Superusers
+hold every permission (``has_perm``), but group membership is membership: a superuser must be in
+the group too. Read-only: nothing here writes, and nothing here is about a run's state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+
+from agentruns.models import AgentConfiguration
+from agentruns.tools import registry
+from agentruns.turns import APPROVAL, RECONCILIATION, PendingTurn
+
+User = AbstractBaseUser | AnonymousUser
+
+DECIDE_PERMISSION = "agentruns.decide_agentrun"
+VIEW_ALL_PERMISSION = "agentruns.view_all_agentruns"
+CANCEL_PERMISSION = "agentruns.cancel_agentrun"
+
+# How a refusal names the act, by the kind of pending turn.
+_ACTS = {APPROVAL: "approving", RECONCILIATION: "reconciling"}
+
+
+class Decider:
+    """A user as the rules read them: permissions through ``has_perm`` (Django caches them on
+    the user object), group memberships read at most once (one query, when first needed).
+
+    Make one per request (the inbox shows a page of cards with one ``Decider``) or per check
+    (the services, under the lock, so that a membership is read afresh).
+    """
+
+    def __init__(self, user: User | None) -> None:
+        self.user = user
+        self._group_ids: frozenset[int] | None = None
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(self.user is not None and self.user.is_authenticated)
+
+    def has_perm(self, permission: str) -> bool:
+        return self.authenticated and bool(self.user.has_perm(permission))  # type: ignore[union-attr]
+
+    def in_group(self, group_id: int) -> bool:
+        """Membership of the group; ``False`` for anonymous users and for user models without
+        groups (fail closed)."""
+        if self._group_ids is None:
+            groups = getattr(self.user, "groups", None) if self.authenticated else None
+            self._group_ids = (
+                frozenset(groups.values_list("pk", flat=True))
+                if groups is not None
+                else frozenset()
+            )
+        return group_id in self._group_ids
+
+
+@dataclass(frozen=True)
+class Authority:
+    """What a decision needs and what its decider lacks.
+
+    ``permissions`` and ``group`` are what was checked (recorded in the decision's event);
+    ``missing`` names each thing the decider lacks, one sentence each (e.g. "approving
+    call_webhook needs playground.approve_webhooks"); empty when they may. ``may_decide``:
+    they hold ``decide_agentrun``, so they may deny (and abandon) even when they may not
+    approve.
+    """
+
+    permissions: tuple[str, ...]
+    group: str | None = None
+    missing: tuple[str, ...] = ()
+    may_decide: bool = True
+
+    @property
+    def allowed(self) -> bool:
+        return not self.missing
+
+    @property
+    def refusal(self) -> str:
+        """The missing pieces as one message (for ``NotPermitted``)."""
+        return "; ".join(self.missing)
+
+    def as_payload(self) -> dict[str, Any]:
+        """``{"permissions": [...], "group": name | None}`` for a decision's event."""
+        return {"permissions": list(self.permissions), "group": self.group}
+
+
+def _decider(user: User | Decider | None) -> Decider:
+    return user if isinstance(user, Decider) else Decider(user)
+
+
+def deciding_authority(user: User | Decider | None) -> Authority:
+    """What denying, input and abandon need: ``agentruns.decide_agentrun`` only."""
+    decider = _decider(user)
+    may_decide = decider.has_perm(DECIDE_PERMISSION)
+    return Authority(
+        permissions=(DECIDE_PERMISSION,),
+        missing=() if may_decide else (f"deciding needs {DECIDE_PERMISSION}",),
+        may_decide=may_decide,
+    )
+
+
+def approval_authority(
+    *,
+    user: User | Decider | None,
+    configuration: AgentConfiguration,
+    pending: PendingTurn,
+) -> Authority:
+    """What approving ``pending`` (an approval turn) or a landed / not landed verdict on it (a
+    reconciliation turn) needs, and what ``user`` lacks.
+
+    Reads the registry for each call's tool (a name no tool has is missing authority) and
+    ``configuration.approver_group`` (select it with the configuration to save a query); a
+    group membership costs one query per ``Decider``. Any other kind of turn (input, unreadable)
+    needs what deciding needs: no control approves it.
+    """
+    decider = _decider(user)
+    deciding = deciding_authority(decider)
+    act = _ACTS.get(pending.kind)
+    if act is None:
+        return deciding
+    permissions = [DECIDE_PERMISSION]
+    missing = [f"{act} needs {DECIDE_PERMISSION}"] if not deciding.may_decide else []
+    for call in pending.calls:
+        tool = registry.get(call.name)
+        if tool is None:
+            missing.append(f"{act} {call.name} needs a registered tool: {call.name} is not one")
+            continue
+        if tool.approve_permission is None:
+            continue
+        permissions.append(tool.approve_permission)
+        if not decider.has_perm(tool.approve_permission):
+            missing.append(f"{act} {call.name} needs {tool.approve_permission}")
+    group = configuration.approver_group if configuration.approver_group_id else None
+    if group is not None and not decider.in_group(group.pk):
+        missing.append(
+            f"{act} runs of {configuration.slug} needs membership of the group {group.name!r}"
+        )
+    return Authority(
+        permissions=tuple(dict.fromkeys(permissions)),
+        group=group.name if group is not None else None,
+        missing=tuple(dict.fromkeys(missing)),
+        may_decide=deciding.may_decide,
+    )
