@@ -89,6 +89,13 @@ def build_request(
     """The serialised request: everything any segment on any machine needs to run it."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidRequest("prompt must be a non-empty string", field="prompt")
+    limit = int(conf.get("MAX_PROMPT_CHARS"))
+    if len(prompt) > limit:
+        raise InvalidRequest(
+            f"prompt is {len(prompt)} characters; at most {limit} are accepted "
+            "(AGENTRUNS_MAX_PROMPT_CHARS)",
+            field="prompt",
+        )
     options = dict(options or {})
     unknown = set(options) - {"script", "tools", "system_prompt", "max_iterations"}
     if unknown:
