@@ -14,6 +14,7 @@ from django.http import Http404, HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from agentruns import selectors
+from agentruns.exceptions import LeaseholdError
 from agentruns.jsonview import pretty_json
 from agentruns.models import (
     AgentConfiguration,
@@ -41,6 +42,31 @@ class AgentConfigurationAdmin(admin.ModelAdmin):
     search_fields = ["slug", "name"]
     prepopulated_fields = {"slug": ["name"]}
     readonly_fields = ["created_at", "updated_at"]
+    actions = ["deactivate_and_cancel_waiting"]
+
+    @admin.action(
+        description="Deactivate, and cancel their runs waiting for a person",
+        permissions=["change"],
+    )
+    def deactivate_and_cancel_waiting(
+        self, request: HttpRequest, queryset: QuerySet[AgentConfiguration]
+    ) -> None:
+        """A deactivated configuration's waiting runs can no longer be decided (their decision
+        would continue a run nobody should run): cancel them, each under the cancel rules."""
+        from agentruns.services import runs  # the admin loads without the runtime
+
+        queryset.update(is_active=False)
+        cancelled, refused = 0, []
+        for run_uuid in selectors.waiting_runs_of(configurations=queryset):
+            try:
+                cancelled += runs.run_cancel(
+                    run_uuid=run_uuid, actor=request.user, note="configuration deactivated"
+                )
+            except LeaseholdError as exc:
+                refused.append(f"{run_uuid}: {exc.message}")
+        self.message_user(request, f"Deactivated; cancelled {cancelled} waiting run(s).")
+        for line in refused:
+            self.message_user(request, line, level=messages.WARNING)
 
 
 class _VisibleOnly(admin.ModelAdmin):

@@ -25,6 +25,8 @@ DEFAULTS: dict[str, Any] = {
     "MAX_ITERATIONS": 20,
     # Timeout of one tool call; keep it below what the heartbeat ticker can cover.
     "TOOL_TIMEOUT_SECONDS": 30,
+    # Longest prompt a run accepts (characters); longer ones are refused before anything runs.
+    "MAX_PROMPT_CHARS": 200_000,
     # Time a tool's preview may take when a turn suspends for approval (or is re-checked).
     "PREVIEW_TIMEOUT_SECONDS": 5,
     # Queued runs nobody claimed for this long get a fresh task from the reaper.

@@ -24,7 +24,14 @@ from django.db.models.functions import Now
 from agentruns.attribution import Attribution, attribute_runs
 from agentruns.authority import DECIDE_PERMISSION, VIEW_ALL_PERMISSION, Decider
 from agentruns.exceptions import RunNotFound
-from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
+from agentruns.models import (
+    WAITING_STATUSES,
+    AgentConfiguration,
+    AgentRun,
+    AgentRunEvent,
+    EventKind,
+    Status,
+)
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -205,3 +212,12 @@ def run_attributions(*, runs: Iterable[AgentRun]) -> dict[int, Attribution | Non
     for run_id, actor_id in approvals:
         deciders[run_id].append(actor_id)
     return attribute_runs(initiators=initiators, deciders=deciders)
+
+
+def waiting_runs_of(*, configurations: QuerySet[AgentConfiguration]) -> list[UUID]:
+    """The uuids of the runs of ``configurations`` waiting for a person."""
+    return list(
+        AgentRun.objects.filter(
+            configuration__in=configurations, status__in=WAITING_STATUSES
+        ).values_list("uuid", flat=True)
+    )

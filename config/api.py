@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
@@ -24,6 +26,15 @@ logger = logging.getLogger(__name__)
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, LeaseholdError):
         return Response(exc.as_dict(), status=exc.status)
+    if isinstance(exc, RequestDataTooBig):
+        return Response(
+            {
+                "code": "request_too_large",
+                "message": f"The request body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} "
+                "bytes (DATA_UPLOAD_MAX_MEMORY_SIZE); nothing was read.",
+            },
+            status=413,
+        )
     # DRF turns these two Django exceptions into its own; do it first so they get the shape too.
     if isinstance(exc, Http404):
         exc = drf_exceptions.NotFound()

@@ -191,6 +191,31 @@ class RunSerializer(serializers.Serializer):
         return pending_turn_view(run)
 
 
+#: A run list cuts each run's prompt and output here; its detail has them whole.
+LIST_TEXT_CHARS = 500
+
+
+class RunSummarySerializer(RunSerializer):
+    """A run in a list: a run's fields, with ``prompt`` and ``output`` cut at
+    ``LIST_TEXT_CHARS`` characters (``prompt_truncated``, ``output_truncated`` say so).
+    ``GET /api/runs/<uuid>/`` has them whole."""
+
+    prompt_truncated = serializers.SerializerMethodField()
+    output_truncated = serializers.SerializerMethodField()
+
+    def get_prompt_truncated(self, run: AgentRun) -> bool:
+        return len(run.prompt) > LIST_TEXT_CHARS
+
+    def get_output_truncated(self, run: AgentRun) -> bool:
+        return len(run.output) > LIST_TEXT_CHARS
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        data = dict(super().to_representation(instance))
+        data["prompt"] = data["prompt"][:LIST_TEXT_CHARS]
+        data["output"] = data["output"][:LIST_TEXT_CHARS]
+        return data
+
+
 class RunFilterSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=Status.choices, required=False)
     configuration = serializers.SlugField(required=False, help_text="A configuration's slug.")

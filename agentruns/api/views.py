@@ -64,7 +64,7 @@ def _continued(result: SegmentResult) -> Response:
 class RunPagination(PageNumberPagination):
     page_size = 50
     page_size_query_param = "page_size"
-    max_page_size = 500
+    max_page_size = 200
 
 
 class RunsView(LeaseholdAPIView, GenericAPIView):
@@ -74,8 +74,10 @@ class RunsView(LeaseholdAPIView, GenericAPIView):
     @extend_schema(
         operation_id="runs_list",
         parameters=[s.RunFilterSerializer],
-        responses={200: s.RunSerializer(many=True), **_errors(400)},
-        description="Newest first, paginated (?page=N, ?page_size=N up to 500).",
+        responses={200: s.RunSummarySerializer(many=True), **_errors(400)},
+        description="Newest first, paginated (?page=N, ?page_size=N up to 200). Prompts and "
+        "outputs are cut at 500 characters (prompt_truncated, output_truncated); the run's "
+        "detail has them whole, and its pending turn.",
     )
     def get(self, request: Request) -> Response:
         filters = _parse(s.RunFilterSerializer, request.query_params)
@@ -85,7 +87,7 @@ class RunsView(LeaseholdAPIView, GenericAPIView):
             configuration=filters.get("configuration"),
         )
         page = self.paginate_queryset(queryset)
-        return self.get_paginated_response(s.RunSerializer(page, many=True).data)
+        return self.get_paginated_response(s.RunSummarySerializer(page, many=True).data)
 
     @extend_schema(
         operation_id="runs_start",

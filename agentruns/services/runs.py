@@ -89,6 +89,13 @@ def build_request(
     """The serialised request: everything any segment on any machine needs to run it."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidRequest("prompt must be a non-empty string", field="prompt")
+    limit = int(conf.get("MAX_PROMPT_CHARS"))
+    if len(prompt) > limit:
+        raise InvalidRequest(
+            f"prompt is {len(prompt)} characters; at most {limit} are accepted "
+            "(AGENTRUNS_MAX_PROMPT_CHARS)",
+            field="prompt",
+        )
     options = dict(options or {})
     unknown = set(options) - {"script", "tools", "system_prompt", "max_iterations"}
     if unknown:
@@ -194,16 +201,34 @@ def _require_decider(actor: User) -> None:
         raise NotPermitted("deciding needs the agentruns.decide_agentrun permission")
 
 
-def _require_authority(actor: User, run: AgentRun) -> Authority:
-    """Refuse (``NotPermitted``, naming what is missing) unless ``actor`` may approve the locked
-    run's pending turn or give a landed / not landed verdict on it (docs/design.md §5.6).
-
-    Runs under the row lock: the calls are read from the locked row, the configuration (its
-    approver group) and the actor's group memberships afresh.
-    """
+def _require_runnable(run: AgentRun, *, tools: bool) -> AgentConfiguration:
+    """Refuse (``UnreadableState``, with the reason) a decision that would continue ``run`` when
+    its configuration was deactivated while it waited, or — ``tools``: the decision lets calls
+    run — when a tool the turn shows as known is no longer registered. Cancel still works.
+    Under the row lock (a decision's check); the configuration, read afresh."""
     configuration = AgentConfiguration.objects.select_related("approver_group").get(
         pk=run.configuration_id
     )
+    if not configuration.is_active:
+        raise UnreadableState("its configuration was deactivated while it waited; cancel it")
+    if tools:
+        for call in read_pending_turn(run).calls:
+            if call.known and registry.get(call.name) is None:
+                raise UnreadableState(f"tool {call.name!r} is no longer registered; cancel it")
+    return configuration
+
+
+def _runnable_with_tools(run: AgentRun) -> None:
+    _require_runnable(run, tools=True)
+
+
+def _require_authority(actor: User, run: AgentRun, configuration: AgentConfiguration) -> Authority:
+    """Refuse (``NotPermitted``, naming what is missing) unless ``actor`` may approve the locked
+    run's pending turn or give a landed / not landed verdict on it (docs/design.md §5.6).
+
+    Runs under the row lock: the calls are read from the locked row; ``configuration`` (its
+    approver group) and the actor's group memberships afresh.
+    """
     authority = approval_authority(
         user=actor, configuration=configuration, pending=read_pending_turn(run)
     )
@@ -283,7 +308,10 @@ def run_decide(
     checked: list[Authority] = []
 
     def authority_then_four_eyes(run: AgentRun) -> None:
-        checked.append(_require_authority(actor, run) if approved else deciding_authority(actor))
+        configuration = _require_runnable(run, tools=approved)
+        checked.append(
+            _require_authority(actor, run, configuration) if approved else deciding_authority(actor)
+        )
         four_eyes(run)
 
     def approval_event(run: AgentRun) -> EventSpec:
@@ -396,6 +424,7 @@ def run_submit_input(
             actor_id=actor.pk,
         ),
         identity=identity,
+        check=_runnable_with_tools,
     )
     return _hand_on(decided, observer, on_claim)
 
@@ -452,7 +481,9 @@ def run_reconcile(
         decision=ReconciliationDecision(verdict=verdict, call=call, decider_id=actor.pk),
         event=lambda run: event(checked[-1]),
         identity=identity,
-        check=lambda run: checked.append(_require_authority(actor, run)),  # before ``event``
+        check=lambda run: checked.append(  # before ``event``
+            _require_authority(actor, run, _require_runnable(run, tools=False))
+        ),
     )
     return _hand_on(decided, observer, on_claim)
 

@@ -122,6 +122,28 @@ class Preview:
             other.to_json()
         )
 
+    def still_holds(self, fresh: Preview | None) -> bool:
+        """Whether ``fresh`` — this preview made again just before the approved call runs — still
+        shows what was approved (compare-and-swap, docs/design.md §5.10): exactly the same; or
+        the same target and the same changes to the same values, where a field may already hold
+        its approved value (this very write landed before, e.g. by a segment that died after
+        it; an idempotent write then converges). Anything else did change."""
+        if fresh is None or not fresh.ok:
+            return False
+        if self.same_as(fresh):
+            return True
+        if not self.changes or fresh.target != self.target:
+            return False
+        if len(fresh.changes) != len(self.changes):
+            return False
+        for approved, now in zip(self.changes, fresh.changes, strict=True):
+            after = canonical_json(approved.after)
+            if now.field != approved.field or canonical_json(now.after) != after:
+                return False
+            if canonical_json(now.before) not in (canonical_json(approved.before), after):
+                return False
+        return True
+
     @classmethod
     def parse(cls, raw: object, *, where: str) -> Preview:
         data = _object(raw, where)

@@ -19,7 +19,7 @@ from agentruns.authority import (
     approval_authority,
     deciding_authority,
 )
-from agentruns.exceptions import NotPermitted, SelfApprovalRefused
+from agentruns.exceptions import NotPermitted, SelfApprovalRefused, UnreadableState
 from agentruns.models import AgentRun, Effect, EventKind, Status
 from agentruns.services import runs
 from agentruns.tools import Tool, registry
@@ -250,7 +250,8 @@ def test_a_tool_unregistered_while_its_turn_waits_fails_closed():
         registry.unregister("temporary_write")
     root = UserFactory(username="root", is_superuser=True)
 
-    with pytest.raises(NotPermitted, match="temporary_write is not one"):
+    # Issue 11 §6: a tool gone while its turn waited makes the turn unreadable, for everyone.
+    with pytest.raises(UnreadableState, match="'temporary_write' is no longer registered"):
         approve(run, root)
     assert_unchanged(run, Status.WAITING_FOR_APPROVAL)
 

@@ -273,3 +273,19 @@ def test_pending_turn_round_trips_with_previews():
     built = PendingTurn.for_approval([call])
     run = AgentRun(status=Status.WAITING_FOR_APPROVAL, pending_turn=built.to_json())
     assert read_pending_turn(run) == built
+
+
+def test_a_field_that_already_holds_its_approved_value_still_holds():
+    """The write itself landed before (its segment died after it): an idempotent write converges,
+    so the compare-and-swap lets it run again. Someone else's change does not hold."""
+    approved = Preview(summary="a", target="note 1", changes=(Change("title", "Old", "New"),))
+    landed = Preview(summary="b", target="note 1", changes=(Change("title", "New", "New"),))
+    edited = Preview(summary="a", target="note 1", changes=(Change("title", "Other", "New"),))
+    retarget = Preview(summary="a", target="note 2", changes=(Change("title", "Old", "New"),))
+
+    assert approved.still_holds(approved) and approved.still_holds(landed)
+    assert not approved.still_holds(edited)
+    assert not approved.still_holds(retarget)
+    assert not approved.still_holds(Preview.failure("Boom")) and not approved.still_holds(None)
+    summary_only = Preview(summary="calls x on MCP server s")
+    assert not summary_only.still_holds(Preview(summary="calls y on MCP server s"))

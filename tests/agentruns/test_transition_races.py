@@ -34,7 +34,7 @@ from agentruns.transitions import (
 )
 from agentruns.turns import ApprovalDecision
 from tests.agentruns.factories import AgentRunFactory
-from tests.agentruns.transitions_support import CALL, DIGEST, approval_turn, expire, start
+from tests.agentruns.transitions_support import CALL, DIGEST, STATE, approval_turn, expire, start
 from tests.agentruns.transitions_support import ME as HOLDER
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -92,7 +92,7 @@ def test_sixteen_concurrent_decisions_have_exactly_one_winner(round_):
         lease,
         status=Status.WAITING_FOR_APPROVAL,
         pending_turn=approval_turn(),
-        loop_state={"iteration": 1},
+        loop_state=STATE,
     )
 
     def decision(i: int) -> Callable[[], Any]:

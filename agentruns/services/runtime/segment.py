@@ -315,7 +315,7 @@ class RunSegment(ProviderStep):
             fresh = self._preview(tool, call)
         if ticker.lost:
             return self._lost(at="preview")
-        if approved.same_as(fresh):
+        if approved.still_holds(fresh):
             return None
         turn.approved = None
         changed = preview_changed_event(call, approved, fresh)
