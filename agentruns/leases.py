@@ -38,6 +38,9 @@ class EventSpec:
     payload: dict[str, Any] = field(default_factory=dict)
     duration_ms: int | None = None
     actor_id: int | None = None
+    # For observers only (a live trace): what the event stands for beyond what is stored, e.g.
+    # a request's whole dialogue. Never written.
+    shown: dict[str, Any] | None = None
 
 
 @dataclass

@@ -12,6 +12,7 @@ from django.urls import NoReverseMatch, reverse
 
 from agentruns.jsonview import pretty_json
 from agentruns.models import AgentRun, EventKind
+from agentruns.services.runtime.transcript import request_messages
 
 # The approvals inbox's run timeline, if that app provides one (tried in order).
 TIMELINE_URL_NAMES = ("approvals:timeline", "approvals:run_timeline", "approvals:run")
@@ -86,11 +87,14 @@ def render_step(ctx: dict[str, Any]) -> str:
     return render_to_string("playground/_step.html", {"step": ctx})
 
 
-def stored_steps(events: Any) -> list[dict[str, Any]]:
+def stored_steps(run: AgentRun, events: list[Any]) -> list[dict[str, Any]]:
+    """The trace of ``run``'s stored ``events``; each request shows the messages it sent,
+    rebuilt from the dialogue's events (``transcript.request_messages``)."""
+    sent = request_messages(run, events)
     return [
         step(
             e.kind,
-            e.payload,
+            {**e.payload, "messages": sent[e.sequence]} if e.sequence in sent else e.payload,
             duration_ms=e.duration_ms,
             sequence=e.sequence,
             actor=e.actor.get_username() if e.actor_id else None,

@@ -121,11 +121,12 @@ def _page(request: HttpRequest, form: RunForm, *, status: int = 200) -> HttpResp
 
 def _stream(request: HttpRequest, start: Callable[..., SegmentResult]) -> StreamingHttpResponse:
     def step_line(spec: EventSpec, run_uuid: str) -> dict[str, Any]:
-        ctx = trace.step(spec.kind, spec.payload, duration_ms=spec.duration_ms)
+        shown = {**spec.payload, **(spec.shown or {})}  # a request's dialogue, not stored
+        ctx = trace.step(spec.kind, shown, duration_ms=spec.duration_ms)
         return {
             "run": run_uuid,
             "kind": spec.kind,
-            "payload": spec.payload,
+            "payload": shown,
             "duration_ms": spec.duration_ms,
             "html": trace.render_step(ctx),
         }
@@ -215,7 +216,7 @@ def _run_page(
     input_form: InputValuesForm | None = None,
     status: int = 200,
 ) -> HttpResponse:
-    steps = trace.stored_steps(selectors.run_events(run=run))
+    steps = trace.stored_steps(run, list(selectors.run_events(run=run)))
     return render(
         request,
         "playground/run.html",

@@ -17,6 +17,7 @@ from agentruns import transitions
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, EventKind, Status
 from agentruns.services.runs import run_start_sync
+from agentruns.services.runtime import transcript
 from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.segment import continue_segment
 from tests.agentruns.runtime_support import (
@@ -70,7 +71,7 @@ def reclaim_and_claim(run: AgentRun) -> Lease:
 
 
 def request_messages(run: AgentRun) -> list[list[dict]]:
-    return [e.payload["messages"] for e in events(run) if e.kind == EventKind.REQUEST]
+    return list(transcript.request_messages(run).values())
 
 
 def uninterrupted(configuration) -> AgentRun:

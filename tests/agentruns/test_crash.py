@@ -23,6 +23,7 @@ from django_q.models import OrmQ, Task
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status
 from agentruns.services import dispatch, reaper, runs
 from agentruns.services.reaper import Rule, Verdict
+from agentruns.services.runtime.transcript import request_messages
 from playground.models import Note
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 from tests.support.processes import (
@@ -162,7 +163,7 @@ def test_a_worker_killed_during_a_wait_is_requeued_and_another_worker_continues_
     assert llm[1].segment != holder and llm[1].segment.startswith("worker:")
     [wait] = tool_events(run, "wait")
     assert (wait.lease_epoch, wait.segment) == (2, llm[1].segment)
-    last_request = events(run, EventKind.REQUEST)[-1].payload["messages"]
+    last_request = request_messages(run)[events(run, EventKind.REQUEST)[-1].sequence]
     assert [m["role"] for m in last_request if m["role"] != "system"] == [
         "user",
         "assistant",

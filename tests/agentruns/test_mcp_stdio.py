@@ -18,6 +18,7 @@ from agentruns.models import AgentRunEvent, Effect, EventKind, McpServer, McpTra
 from agentruns.services import runs
 from agentruns.services.mcp_sync import mcp_server_sync
 from agentruns.services.runtime.results import Outcome
+from agentruns.services.runtime.transcript import request_messages
 from agentruns.tools import registry
 from tests.agentruns.factories import AgentConfigurationFactory
 from tests.support.mcp_stdio_server import read_calls, stdio_command
@@ -113,7 +114,8 @@ def test_a_stdio_remote_write_runs_on_the_first_pass_fenced_with_its_idempotency
     assert echoed["meta"]["fencing_token"] <= run.lease_epoch
     # The next provider request carried that result to the model as the call's tool message.
     last_request = AgentRunEvent.objects.filter(run=run, kind=EventKind.REQUEST).last()
-    [tool_message] = [m for m in last_request.payload["messages"] if m.get("role") == "tool"]
+    sent = request_messages(last_request.run)[last_request.sequence]
+    [tool_message] = [m for m in sent if m.get("role") == "tool"]
     assert tool_message["tool_call_id"] == call_id
     assert tool_message["content"] == payload["content"]
     assert f"{run.uuid}:{call_id}" in tool_message["content"]

@@ -7,6 +7,7 @@ from django.test import Client
 
 from agentruns.models import AgentRun, EventKind, Status
 from agentruns.services import runs
+from agentruns.services.runtime.transcript import request_messages
 from playground.models import Note
 from tests.agentruns.api_support import (
     APPROVAL_SCRIPT,
@@ -108,7 +109,9 @@ def test_options_narrow_tools_override_the_prompt_and_cap_rounds(dev_client):
     assert run.request["tools"] == ["list_notes", "read_note"]
     requests = list(run.events.filter(kind=EventKind.REQUEST).order_by("sequence"))
     assert requests[0].payload["tools"] == ["list_notes", "read_note"]
-    assert requests[0].payload["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert requests[0].payload["system"] == "Be brief."
+    sent = request_messages(requests[0].run)
+    assert sent[requests[0].sequence][0] == {"role": "system", "content": "Be brief."}
     assert run.termination_reason == "max_iterations" and run.truncated
 
 

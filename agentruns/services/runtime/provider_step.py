@@ -57,14 +57,20 @@ class ProviderStep:
 
     def _call_provider(self, *, final: bool) -> tuple[ProviderReply, EventSpec] | Stop:
         tools = [] if final else self._offered_tools()
+        opening = self.messages[0] if self.messages else {}
         request = EventSpec(
             EventKind.REQUEST,
             {
                 "iteration": self.state.iteration,
                 "final": final,
-                "messages": list(self.messages),
+                # What was sent, without storing the dialogue again: the system prompt as sent,
+                # and how many messages (the prompt, then the llm and tool events before this
+                # one). transcript.request_messages rebuilds them (docs/design.md §6.4).
+                "system": opening.get("content") if opening.get("role") == "system" else None,
+                "message_count": len(self.messages),
                 "tools": [t["function"]["name"] for t in tools],
             },
+            shown={"messages": list(self.messages)},
         )
         if stop := self._boundary([request]):
             return stop

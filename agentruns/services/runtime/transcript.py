@@ -126,3 +126,39 @@ def unique_call_ids(
         seen.add(call_id)
         unique.append(ToolCall(id=call_id, name=call.name, arguments=call.arguments))
     return unique
+
+
+def request_messages(
+    run: AgentRun, events: Iterable[AgentRunEvent] | None = None
+) -> dict[int, list[dict[str, Any]]]:
+    """The messages each ``request`` event of ``run`` sent, by event sequence.
+
+    A request event stores the system prompt it sent and how many messages; the rest is the
+    run's prompt and the ``llm`` and ``tool`` events before it, so the dialogue is stored once
+    however many rounds it has. Older request events that stored their messages are read as
+    they are.
+    """
+    if events is None:
+        events = AgentRunEvent.objects.filter(run_id=run.pk).order_by("sequence")
+    sent: dict[int, list[dict[str, Any]]] = {}
+    dialogue: list[dict[str, Any]] = []
+    for event in events:
+        payload = event.payload if isinstance(event.payload, dict) else {}
+        if event.kind == EventKind.REQUEST:
+            if isinstance(payload.get("messages"), list):
+                sent[event.sequence] = list(payload["messages"])
+                continue
+            system = payload.get("system")
+            opening = [{"role": "system", "content": system}] if system else []
+            opening.append({"role": "user", "content": run.prompt})
+            count = payload.get("message_count")
+            whole = opening + dialogue
+            sent[event.sequence] = whole[:count] if isinstance(count, int) else whole
+            continue
+        try:
+            message = message_for_event(event.kind, payload)
+        except (KeyError, TypeError):
+            continue
+        if message is not None:
+            dialogue.append(message)
+    return sent
