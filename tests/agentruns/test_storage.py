@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 ROUNDS = 8
 
 
-def test_request_events_do_not_store_the_dialogue_and_rebuild_it_exactly():
+def test_request_events_do_not_store_the_dialogue_and_rebuild_it_exactly(scripted_recordings):
     script = [{"tool_calls": [{"name": "list_notes", "arguments": {}}]} for _ in range(ROUNDS)] + [
         {"content": "done"}
     ]
