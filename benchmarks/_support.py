@@ -59,6 +59,8 @@ def production_environment(url: str) -> dict[str, str]:
         LOG_LEVEL="ERROR",
         PYTHONPATH=str(ROOT),
     )
+    if not is_postgres(url):  # the SQLite comparison runs on one machine, on purpose
+        env["AGENTRUNS_ALLOW_SQLITE_IN_PRODUCTION"] = "1"
     return env
 
 
