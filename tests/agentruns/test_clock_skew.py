@@ -25,6 +25,7 @@ import time_machine
 from django.conf import settings
 from django.db import connection
 from django.db.models.functions import Now
+from django.test import override_settings
 from django.utils import timezone
 
 from agentruns import selectors
@@ -223,6 +224,19 @@ def test_a_worker_segment_is_never_reaped_mid_call(fast_clock, probes):
     assert not AgentRunEvent.objects.filter(run=run, kind=EventKind.REAPER).exists()
 
 
+def test_a_queued_run_nobody_claimed_is_redispatched_on_the_database_clock(fast_clock):
+    """A queued run whose wake-up was lost gets a fresh one ``REDISPATCH_SECONDS`` after it was
+    queued on the database clock — not ten minutes later."""
+    configuration = AgentConfigurationFactory()
+    with override_settings(AGENTRUNS={**settings.AGENTRUNS, "REDISPATCH_SECONDS": 1}):
+        run = runs.run_enqueue(configuration=configuration, prompt="hello")  # wake-up never sent
+        time.sleep(1.5)
+
+        assert reaper.redispatch_unclaimed() == 1
+
+    assert AgentRunEvent.objects.filter(run=run, kind=EventKind.REAPER).count() == 1
+
+
 # --- a slow app clock: stale leases stay stale --------------------------------------------------
 
 
@@ -239,3 +253,11 @@ def test_a_lease_that_expired_on_the_database_clock_is_reaped(slow_clock):
     ]
     assert AgentRun.objects.get(pk=lease.run_id).status == Status.QUEUED
     assert run_heartbeat(lease) is False
+
+
+def test_a_fresh_queued_run_is_not_redispatched(slow_clock):
+    """Queued a moment ago on the database clock: its wake-up is not sent again yet."""
+    run = runs.run_enqueue(configuration=AgentConfigurationFactory(), prompt="hello")
+
+    assert reaper.reap_stale_runs().redispatched == 0
+    assert not AgentRunEvent.objects.filter(run=run, kind=EventKind.REAPER).exists()
