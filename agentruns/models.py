@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
+from django.db.models.functions import Now
 
 from agentruns.secrets import secret_env_problem
 
@@ -198,7 +199,10 @@ class AgentRun(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    # The database clock at insert, like every transition's ``updated_at = Now()``: the reaper's
+    # redispatch compares it with the database clock (docs/design.md §8.4). Not ``auto_now``,
+    # which stamps the app server's clock.
+    updated_at = models.DateTimeField(db_default=Now())
 
     class Meta:
         ordering = ["-created_at"]

@@ -18,7 +18,7 @@ from agentruns.models import AgentConfiguration, AgentRun, AgentRunEvent, Effect
 from agentruns.providers.scripted import ScriptedProvider
 from agentruns.services.runs import run_decide
 from agentruns.services.runtime.results import SegmentResult
-from agentruns.tools import Tool, ToolContext, registry
+from agentruns.tools import OutcomeUnknown, Tool, ToolContext, registry
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 
 DECIDE = "agentruns.decide_agentrun"
@@ -160,6 +160,20 @@ def probes() -> Iterator[Probe]:
             registry.unregister(probe_tool.name)
         PROBE.seen.clear()
         PROBE.during = None
+
+
+def outcome_unknown_once(reason: str = "the connection closed after the request was sent"):
+    """A ``Probe.during`` hook: the first execution raises ``OutcomeUnknown`` after recording
+    itself (the write may have happened), like a webhook that timed out after it was sent; later
+    executions return normally."""
+    raised: list[str] = []
+
+    def during(entry: dict[str, Any]) -> None:
+        if not raised:
+            raised.append(entry["call_id"])
+            raise OutcomeUnknown(reason)
+
+    return during
 
 
 def config(*, tools: list[str] | None = None, **fields: Any) -> AgentConfiguration:

@@ -511,11 +511,15 @@ def test_wrong_methods_are_405_in_the_same_shape(api):
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_sixteen_concurrent_decisions_exactly_one_wins(decider):
+    """One request wins; every other gets 409 ``already_decided`` — never ``not_waiting``, which
+    is what a decision checked without the row lock answers (the losers pass the check on the
+    row as it was and only the guarded UPDATE refuses them)."""
     run = waiting_for_approval()
     turn_digest = digest(run)
     token = Token.objects.create(user=decider).key
     barrier = threading.Barrier(16)
     statuses: list[int] = []
+    refusals: list[str] = []
     lock = threading.Lock()
 
     def attempt(index: int) -> None:
@@ -534,6 +538,8 @@ def test_sixteen_concurrent_decisions_exactly_one_wins(decider):
             )
             with lock:
                 statuses.append(response.status_code)
+                if response.status_code >= 400:
+                    refusals.append(response.json().get("code"))
         finally:
             connections.close_all()
 
@@ -545,5 +551,6 @@ def test_sixteen_concurrent_decisions_exactly_one_wins(decider):
     assert len(statuses) == 16
     assert sum(200 <= status < 300 for status in statuses) == 1, statuses
     assert set(statuses) - {200, 202} == {409}
+    assert refusals == ["already_decided"] * 15, refusals
     assert AgentRunEvent.objects.filter(run=run, kind=EventKind.APPROVAL).count() == 1
     assert Note.objects.count() <= 1
