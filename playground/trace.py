@@ -25,11 +25,23 @@ def pretty(value: Any) -> str:
     return pretty_json(value)
 
 
+def _payload(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {"stored": value}
+
+
+def _objects(value: Any) -> list[dict[str, Any]]:
+    """The objects of a stored list, anything else as an object that shows it: a stored event
+    is shown as it is, never a 500 (it may be corrupt)."""
+    items = value if isinstance(value, list) else ([] if value in (None, "") else [value])
+    return [item if isinstance(item, dict) else {"name": pretty(item)} for item in items]
+
+
 def _message(message: Any) -> dict[str, Any]:
     message = message if isinstance(message, dict) else {"role": "?", "content": pretty(message)}
     calls = []
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {}
+    for call in _objects(message.get("tool_calls")):
+        stored = call.get("function")
+        function: dict[str, Any] = stored if isinstance(stored, dict) else {}
         arguments = function.get("arguments", "")
         try:
             arguments = pretty(json.loads(arguments))
@@ -67,13 +79,14 @@ def step(
     }
     if kind == EventKind.REQUEST:
         ctx["round"] = int(p.get("iteration") or 0) + 1
-        ctx["messages"] = [_message(m) for m in p.get("messages") or []]
+        messages = p.get("messages")
+        ctx["messages"] = [_message(m) for m in (messages if isinstance(messages, list) else [])]
     elif kind == EventKind.LLM:
         usage = p.get("usage") or {}
         ctx["usage"] = usage
         ctx["calls"] = [
             {"id": c.get("id", ""), "name": c.get("name", ""), "args": pretty(c.get("arguments"))}
-            for c in p.get("tool_calls") or []
+            for c in _objects(p.get("tool_calls"))
         ]
     elif kind == EventKind.TOOL:
         ctx["arguments_json"] = pretty(p.get("arguments", {}))
@@ -94,7 +107,9 @@ def stored_steps(run: AgentRun, events: list[Any]) -> list[dict[str, Any]]:
     return [
         step(
             e.kind,
-            {**e.payload, "messages": sent[e.sequence]} if e.sequence in sent else e.payload,
+            {**_payload(e.payload), "messages": sent[e.sequence]}
+            if e.sequence in sent
+            else e.payload,
             duration_ms=e.duration_ms,
             sequence=e.sequence,
             actor=e.actor.get_username() if e.actor_id else None,
