@@ -7,66 +7,40 @@ refusal (``agentruns.exceptions``) before anything changed (docs/design.md §11.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any, cast
 from uuid import UUID
-
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.core.exceptions import ValidationError
 
 from agentruns import conf, selectors, transitions
 from agentruns.authority import (
     CANCEL_PERMISSION,
     DECIDE_PERMISSION,
-    Authority,
     Decider,
-    approval_authority,
-    deciding_authority,
 )
 from agentruns.exceptions import (
     ConfigurationNotFound,
-    InvalidInput,
     InvalidRequest,
     NotPermitted,
-    NotWaiting,
-    RunNotFound,
-    SelfApprovalRefused,
-    StaleTurn,
-    UnreadableState,
 )
 from agentruns.identity import execution_identity
-from agentruns.leases import Decided, EventSpec, Lease
+from agentruns.leases import Lease
 from agentruns.models import (
     AgentConfiguration,
     AgentRun,
-    EventKind,
     Provider,
     Segment,
     Status,
 )
 from agentruns.services import dispatch
-from agentruns.services.runtime.results import EventObserver, Outcome, SegmentResult
+from agentruns.services._common import ClaimHook, User, run_id_of, user_id
+from agentruns.services.runtime.results import EventObserver, SegmentResult
 from agentruns.services.runtime.segment import continue_segment
 from agentruns.tools import registry
-from agentruns.tools.schemas import InvalidSchema, SchemaError, input_errors
-from agentruns.turns import (
-    ApprovalDecision,
-    InputDecision,
-    PendingTurn,
-    ReconciliationDecision,
-    read_pending_turn,
-)
 
 logger = logging.getLogger(__name__)
 
-User = AbstractBaseUser | AnonymousUser
-RECONCILIATION_VERDICTS = ("landed", "not_landed", "abandon")
 CANCEL_IN_DOUBT_REFUSAL = (
     f"cancelling a run in doubt needs {DECIDE_PERMISSION}, as abandoning it does"
 )
-# Called with the lease of an inline segment before it runs (the playground's stream keeps it
-# to settle the run ``abandoned`` if its client goes away: ``run_abandon``).
-ClaimHook = Callable[[Lease], None]
 
 
 # --- Starting --------------------------------------------------------------------------------
@@ -149,7 +123,7 @@ def run_start_sync(
     request = build_request(configuration=config, prompt=prompt, options=options)
     lease = transitions.run_start(
         configuration=config,
-        initiator_id=_user_id(initiator),
+        initiator_id=user_id(initiator),
         prompt=prompt,
         request=request,
         identity=execution_identity(Segment.INTERACTIVE),
@@ -170,7 +144,7 @@ def run_enqueue(
     config = _configuration(configuration)
     request = build_request(configuration=config, prompt=prompt, options=options)
     run = transitions.run_enqueue(
-        configuration=config, initiator_id=_user_id(initiator), prompt=prompt, request=request
+        configuration=config, initiator_id=user_id(initiator), prompt=prompt, request=request
     )
     dispatch.wake_after_commit(str(run.uuid))
     return run
@@ -178,314 +152,13 @@ def run_enqueue(
 
 def run_process_queued(*, run_uuid: UUID | str) -> SegmentResult | None:
     """The worker's segment: claim a queued run and continue it. ``None``: nothing to claim."""
-    run_id = _run_id(run_uuid, missing_ok=True)
+    run_id = run_id_of(run_uuid, missing_ok=True)
     if run_id is None:
         return None
     lease = transitions.run_claim_queued(run_id=run_id, identity=execution_identity(Segment.WORKER))
     if lease is None:
         return None
     return continue_segment(lease, retry=dispatch.schedule_retry)
-
-
-# --- Deciding --------------------------------------------------------------------------------
-
-
-def _user_id(user: User | None) -> int | None:
-    if user is None or not getattr(user, "is_authenticated", False):
-        return None
-    return user.pk
-
-
-def _require_decider(actor: User) -> None:
-    if not getattr(actor, "is_authenticated", False) or not actor.has_perm(DECIDE_PERMISSION):  # type: ignore[union-attr]
-        raise NotPermitted("deciding needs the agentruns.decide_agentrun permission")
-
-
-def _require_runnable(run: AgentRun, *, tools: bool) -> AgentConfiguration:
-    """Refuse (``UnreadableState``, with the reason) a decision that would continue ``run`` when
-    its configuration was deactivated while it waited, or — ``tools``: the decision lets calls
-    run — when a tool the turn shows as known is no longer registered. Cancel still works.
-    Under the row lock (a decision's check); the configuration, read afresh."""
-    configuration = AgentConfiguration.objects.select_related("approver_group").get(
-        pk=run.configuration_id
-    )
-    if not configuration.is_active:
-        raise UnreadableState("its configuration was deactivated while it waited; cancel it")
-    if tools:
-        for call in read_pending_turn(run).calls:
-            if call.known and registry.get(call.name) is None:
-                raise UnreadableState(f"tool {call.name!r} is no longer registered; cancel it")
-    return configuration
-
-
-def _runnable_with_tools(run: AgentRun) -> None:
-    _require_runnable(run, tools=True)
-
-
-def _require_authority(actor: User, run: AgentRun, configuration: AgentConfiguration) -> Authority:
-    """Refuse (``NotPermitted``, naming what is missing) unless ``actor`` may approve the locked
-    run's pending turn or give a landed / not landed verdict on it (docs/design.md §5.6).
-
-    Runs under the row lock: the calls are read from the locked row; ``configuration`` (its
-    approver group) and the actor's group memberships afresh.
-    """
-    authority = approval_authority(
-        user=actor, configuration=configuration, pending=read_pending_turn(run)
-    )
-    if not authority.allowed:
-        raise NotPermitted(authority.refusal)
-    return authority
-
-
-def _run_id(run_uuid: UUID | str, *, missing_ok: bool = False) -> int | None:
-    try:
-        run_id = AgentRun.objects.filter(uuid=run_uuid).values_list("pk", flat=True).first()
-    except (ValidationError, ValueError):
-        run_id = None
-    if run_id is None and not missing_ok:
-        raise RunNotFound()
-    return run_id
-
-
-def _mode_identity(mode: str) -> str | None:
-    if mode == "inline":
-        return execution_identity(Segment.RESUME)
-    if mode == "queued":
-        return None
-    raise InvalidRequest("mode must be 'inline' or 'queued'", field="mode")
-
-
-def _hand_on(
-    decided: Decided,
-    observer: EventObserver | None,
-    on_claim: ClaimHook | None = None,
-) -> SegmentResult:
-    if decided.lease is not None:
-        if on_claim is not None:
-            on_claim(decided.lease)
-        return continue_segment(decided.lease, observer=observer)
-    if decided.run.status == Status.QUEUED:
-        dispatch.wake_after_commit(str(decided.run.uuid))
-        return SegmentResult(Outcome.QUEUED, decided.run)
-    return SegmentResult(Outcome.FAILED, decided.run)
-
-
-def run_decide(
-    *,
-    run_uuid: UUID | str,
-    actor: User,
-    approved: bool,
-    turn_digest: str | None,
-    mode: str = "queued",
-    observer: EventObserver | None = None,
-    on_claim: ClaimHook | None = None,
-) -> SegmentResult:
-    """Approve or deny the pending turn of a run waiting for approval.
-
-    Refusals (nothing changes): ``NotPermitted`` (no ``decide_agentrun``; approving, also the
-    authority of ``agentruns.authority.approval_authority``, checked under the row lock),
-    ``RunNotFound``, ``StaleTurn`` (missing or stale digest), ``AlreadyDecided``, ``NotWaiting``,
-    ``SelfApprovalRefused`` (four-eyes: the initiator may deny but not approve). The approval
-    event records the authority checked. Inline mode continues under a ``resume:`` claim in this
-    process; queued mode hands the continuation to a worker.
-    """
-    _require_decider(actor)
-    identity = _mode_identity(mode)
-    if not isinstance(approved, bool):
-        raise InvalidRequest("approved must be true or false", field="approved")
-
-    def four_eyes(run: AgentRun) -> None:
-        if (
-            approved
-            and run.initiator_id is not None
-            and run.initiator_id == actor.pk
-            and AgentConfiguration.objects.filter(
-                pk=run.configuration_id, require_second_approver=True
-            ).exists()
-        ):
-            raise SelfApprovalRefused()
-
-    checked: list[Authority] = []
-
-    def authority_then_four_eyes(run: AgentRun) -> None:
-        configuration = _require_runnable(run, tools=approved)
-        checked.append(
-            _require_authority(actor, run, configuration) if approved else deciding_authority(actor)
-        )
-        four_eyes(run)
-
-    def approval_event(run: AgentRun) -> EventSpec:
-        # Built under the row lock, from the turn the digest was checked against.
-        return EventSpec(
-            EventKind.APPROVAL,
-            {
-                "approved": approved,
-                "turn_digest": turn_digest,
-                "mode": mode,
-                "decider": actor.get_username(),
-                "calls": [{"id": c.id, "name": c.name} for c in read_pending_turn(run).calls],
-                "authority": checked[-1].as_payload(),
-            },
-            actor_id=actor.pk,
-        )
-
-    decided = transitions.run_decide(
-        run_uuid=run_uuid,
-        expected_status=Status.WAITING_FOR_APPROVAL,
-        turn_digest=turn_digest,
-        decision=ApprovalDecision(
-            approved=approved, decider_id=actor.pk, turn_digest=turn_digest or ""
-        ),
-        event=approval_event,
-        identity=identity,
-        check=authority_then_four_eyes,  # called before ``approval_event``
-    )
-    return _hand_on(decided, observer, on_claim)
-
-
-def _pending(run_uuid: UUID | str, *, waiting_in: str) -> PendingTurn | None:
-    """The pending turn of a run waiting in ``waiting_in``, as ``turns`` reads it; ``None`` when
-    the run is in another status (the transition, under the lock, says why: already decided or
-    not waiting).
-
-    Raises ``RunNotFound``, or ``UnreadableState`` when it waits but its stored turn does not
-    read (checked again under the lock).
-    """
-    try:
-        run = AgentRun.objects.filter(uuid=run_uuid).only("uuid", "status", "pending_turn").first()
-    except (ValidationError, ValueError):
-        raise RunNotFound() from None
-    if run is None:
-        raise RunNotFound()
-    if run.status != waiting_in:
-        return None
-    pending = read_pending_turn(run)
-    if not pending.readable:
-        raise UnreadableState(f"its pending turn cannot be read: {pending.problem}")
-    return pending
-
-
-def validate_values(schema: dict[str, Any], values: Any) -> list[SchemaError]:
-    """Validate human-supplied values against an input schema (``input_errors``: structured,
-    sorted, capped); empty if valid. ``UnreadableState`` when the schema cannot be applied (a
-    reference that does not resolve): no value could ever be accepted."""
-    try:
-        return input_errors(schema, values)
-    except InvalidSchema as exc:
-        raise UnreadableState(f"its input schema cannot be used: {exc}") from None
-
-
-def run_submit_input(
-    *,
-    run_uuid: UUID | str,
-    actor: User,
-    values: Any,
-    turn_digest: str | None,
-    mode: str = "queued",
-    observer: EventObserver | None = None,
-    on_claim: ClaimHook | None = None,
-) -> SegmentResult:
-    """Supply the typed values a tool asked a human for.
-
-    The values are validated against the pending input schema before anything is claimed
-    (``InvalidInput``, 422, with ``errors``); the digest binds them to that schema. A schema
-    that cannot be used is ``UnreadableState`` (409): unreadable when read, or refused here.
-    """
-    _require_decider(actor)
-    identity = _mode_identity(mode)
-    pending = _pending(run_uuid, waiting_in=Status.WAITING_FOR_INPUT)
-    if pending is None:
-        raise NotWaiting()
-    if not turn_digest or pending.turn_digest != turn_digest:
-        # Checked again under the lock; refusing here avoids validating against the wrong schema.
-        raise StaleTurn()
-    errors = validate_values(pending.input_schema or {}, values)
-    if errors:
-        raise InvalidInput(errors=errors)
-    call = pending.call
-    assert call is not None  # an input turn has its call
-    decided = transitions.run_decide(
-        run_uuid=run_uuid,
-        expected_status=Status.WAITING_FOR_INPUT,
-        turn_digest=turn_digest,
-        decision=InputDecision(
-            call_id=call.id, values=values, decider_id=actor.pk, turn_digest=turn_digest
-        ),
-        event=EventSpec(
-            EventKind.INPUT,
-            {
-                "call_id": call.id,
-                "name": call.name,
-                "values": values,
-                "turn_digest": turn_digest,
-                "mode": mode,
-                "decider": actor.get_username(),
-            },
-            actor_id=actor.pk,
-        ),
-        identity=identity,
-        check=_runnable_with_tools,
-    )
-    return _hand_on(decided, observer, on_claim)
-
-
-def run_reconcile(
-    *,
-    run_uuid: UUID | str,
-    actor: User,
-    verdict: str,
-    turn_digest: str | None,
-    mode: str = "queued",
-    observer: EventObserver | None = None,
-    on_claim: ClaimHook | None = None,
-) -> SegmentResult:
-    """Resolve an in-doubt write (docs/design.md §9): ``landed``, ``not_landed`` or ``abandon``.
-
-    Every verdict needs ``decide_agentrun``; ``landed`` and ``not_landed`` also need the
-    authority to approve the call in doubt (``agentruns.authority``), checked under the row
-    lock; ``abandon`` needs no more. The event records the authority checked.
-    """
-    _require_decider(actor)
-    if verdict not in RECONCILIATION_VERDICTS:
-        raise InvalidRequest(
-            f"verdict must be one of {', '.join(RECONCILIATION_VERDICTS)}", field="verdict"
-        )
-    identity = _mode_identity(mode)
-    pending = _pending(run_uuid, waiting_in=Status.WAITING_FOR_RECONCILIATION)
-    call = pending.call if pending is not None else None
-
-    def event(authority: Authority) -> EventSpec:
-        return EventSpec(
-            EventKind.RECONCILIATION,
-            {
-                "verdict": verdict,
-                "turn_digest": turn_digest,
-                "call": call.to_json() if call is not None else None,
-                "mode": mode,
-                "decider": actor.get_username(),
-                "authority": authority.as_payload(),
-            },
-            actor_id=actor.pk,
-        )
-
-    if verdict == "abandon":
-        run = transitions.run_reconcile_abandon(
-            run_uuid=run_uuid, turn_digest=turn_digest, event=event(deciding_authority(actor))
-        )
-        return SegmentResult(Outcome.FAILED, run)
-    checked: list[Authority] = []
-    decided = transitions.run_decide(
-        run_uuid=run_uuid,
-        expected_status=Status.WAITING_FOR_RECONCILIATION,
-        turn_digest=turn_digest,
-        decision=ReconciliationDecision(verdict=verdict, call=call, decider_id=actor.pk),
-        event=lambda run: event(checked[-1]),
-        identity=identity,
-        check=lambda run: checked.append(  # before ``event``
-            _require_authority(actor, run, _require_runnable(run, tools=False))
-        ),
-    )
-    return _hand_on(decided, observer, on_claim)
 
 
 def run_cancel(*, run_uuid: UUID | str, actor: User | None = None, note: str = "") -> bool:
@@ -499,7 +172,7 @@ def run_cancel(*, run_uuid: UUID | str, actor: User | None = None, note: str = "
     cancel's guard, so a run that goes in doubt after it was read is refused, not cancelled.
     """
     if actor is None:
-        run_id = cast(int, _run_id(run_uuid))  # not missing_ok: RunNotFound, never None
+        run_id = cast(int, run_id_of(run_uuid))  # not missing_ok: RunNotFound, never None
         return transitions.run_cancel(run_id=run_id, note=note)
     run = selectors.run_get(run_uuid=run_uuid, user=actor)
     person = Decider(actor)
@@ -510,7 +183,7 @@ def run_cancel(*, run_uuid: UUID | str, actor: User | None = None, note: str = "
     if run.status == Status.WAITING_FOR_RECONCILIATION and not may_end_in_doubt:
         raise NotPermitted(CANCEL_IN_DOUBT_REFUSAL)
     if transitions.run_cancel(
-        run_id=run.pk, actor_id=_user_id(actor), note=note, in_doubt=may_end_in_doubt
+        run_id=run.pk, actor_id=user_id(actor), note=note, in_doubt=may_end_in_doubt
     ):
         return True
     if (
@@ -527,3 +200,28 @@ def run_abandon(*, lease: Lease) -> bool:
     next boundary and stops. ``False``: nothing changed — the run already paused or ended, or a
     write is in flight (fenced): call again after the segment's next boundary."""
     return transitions.run_abandon(lease, note="client disconnected")
+
+
+# The decision services live in ``agentruns.services.decisions``; callers may reach them here.
+from agentruns.services.decisions import (  # noqa: E402
+    RECONCILIATION_VERDICTS,
+    run_decide,
+    run_reconcile,
+    run_submit_input,
+    validate_values,
+)
+
+__all__ = [
+    "RECONCILIATION_VERDICTS",
+    "ClaimHook",
+    "build_request",
+    "run_abandon",
+    "run_cancel",
+    "run_decide",
+    "run_enqueue",
+    "run_process_queued",
+    "run_reconcile",
+    "run_start_sync",
+    "run_submit_input",
+    "validate_values",
+]
