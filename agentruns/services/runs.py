@@ -1,4 +1,5 @@
-"""Run services: start, enqueue, decide, submit input, reconcile, cancel, process queued.
+"""Run services: start, enqueue, process queued, cancel, abandon. The decision services
+(decide, submit input, reconcile) are in ``agentruns.services.decisions``, re-exported here.
 
 Each takes keyword-only arguments and either returns the run's outcome or raises a typed
 refusal (``agentruns.exceptions``) before anything changed (docs/design.md §11.1).
