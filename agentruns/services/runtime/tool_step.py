@@ -174,9 +174,9 @@ def execute_tool_call(
     return ToolStep(result, int((time.monotonic() - started) * 1000), lost)
 
 
-def denied_event(call: Call) -> EventSpec:
-    """The ``tool`` event of a call that was denied: the model is told it did not run."""
-    content = ToolResult(ok=False, content=None, error=DENIED_MESSAGE).as_message_content()
+def unrun_event(call: Call, *, outcome: str, error: str) -> EventSpec:
+    """The ``tool`` event of a call that did not run (``outcome`` says why): the model reads
+    ``error`` as the call's result."""
     return EventSpec(
         EventKind.TOOL,
         {
@@ -184,27 +184,20 @@ def denied_event(call: Call) -> EventSpec:
             "name": call.name,
             "arguments": call.arguments,
             "effect": call.effect or None,
-            "outcome": "denied",
+            "outcome": outcome,
             "ok": False,
-            "error": DENIED_MESSAGE,
-            "content": content,
+            "error": error,
+            "content": ToolResult.failure(error).as_message_content(),
         },
     )
+
+
+def denied_event(call: Call) -> EventSpec:
+    """A call that was denied: the model is told an operator denied it."""
+    return unrun_event(call, outcome="denied", error=DENIED_MESSAGE)
 
 
 def refused_event(call: Call, reason: str) -> EventSpec:
-    """The ``tool`` event of a call whose arguments break its tool's schema: refused when the
-    model proposed it, so no person is asked to approve it; the model reads why."""
-    return EventSpec(
-        EventKind.TOOL,
-        {
-            "call_id": call.id,
-            "name": call.name,
-            "arguments": call.arguments,
-            "effect": call.effect or None,
-            "outcome": "invalid_arguments",
-            "ok": False,
-            "error": reason,
-            "content": ToolResult.failure(reason).as_message_content(),
-        },
-    )
+    """A call whose arguments break its tool's schema, refused when the model proposed it (no
+    person is asked to approve it); the model reads why."""
+    return unrun_event(call, outcome="invalid_arguments", error=reason)
