@@ -397,10 +397,13 @@ class ToolResult:
         return cls(ok=False, content=None, error=error)
 
     def as_message_content(self) -> str:
-        """The tool message the model sees: JSON of ``content``, or ``{"error": ...}``."""
+        """The tool message the model sees: JSON of ``content``, or ``{"error": ...}``.
+
+        Canonical (sorted keys): a continuing segment derives it again from the stored result,
+        which PostgreSQL's ``jsonb`` keeps with its keys reordered."""
         if not self.ok:
             return json.dumps({"error": self.error}, ensure_ascii=False)
-        return json.dumps(self.content, ensure_ascii=False)
+        return json.dumps(self.content, ensure_ascii=False, sort_keys=True)
 
     def as_dict(self) -> dict[str, Any]:
         """``{"ok", "content", "error"}`` for an event payload."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -37,6 +38,7 @@ from agentruns.services import runs
 from agentruns.services.mcp_sync import McpSyncResult, mcp_server_sync
 from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.tool_step import execute_tool_call
+from agentruns.services.runtime.transcript import tool_message_content
 from agentruns.tools import registry
 from agentruns.tools.mcp import (
     build_snapshot,
@@ -390,7 +392,7 @@ def test_an_unreachable_server_gives_the_model_an_error_result() -> None:
     run = _error_run(ticket_script())
     [event] = tool_events(run)
     assert event["ok"] is False and "tix" in event["error"] and "ConnectError" in event["error"]
-    assert "error" in event["content"]  # the tool message the model saw
+    assert "ConnectError" in json.loads(tool_message_content(event))["error"]  # what the model saw
 
 
 @pytest.mark.django_db(transaction=True)

@@ -6,6 +6,7 @@ child process for every listing and every call (``McpServer.command``).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,7 @@ def test_a_stdio_remote_write_runs_on_the_first_pass_fenced_with_its_idempotency
     sent = request_messages(last_request.run)[last_request.sequence]
     [tool_message] = [m for m in sent if m.get("role") == "tool"]
     assert tool_message["tool_call_id"] == call_id
-    assert tool_message["content"] == payload["content"]
+    assert json.loads(tool_message["content"]) == payload["result"]
     assert f"{run.uuid}:{call_id}" in tool_message["content"]
 
     [call] = read_calls(call_log)  # exactly one call reached the process

@@ -359,21 +359,26 @@ class RunSegment(ProviderStep):
         if result.in_doubt and effect == Effect.NON_IDEMPOTENT_WRITE:
             return self._park_in_doubt(call, arguments, result.error, lost=step.lease_lost)
         turn.done.append(call.id)
-        event = EventSpec(
-            EventKind.TOOL,
+        payload: dict[str, Any] = {"call_id": call.id, "name": call.name}
+        if arguments != call.arguments:
+            # Only when they are not the proposed ones (a person's input was merged in): the
+            # ``llm`` event that proposed the call already stores them (docs/design.md §6.4).
+            payload["arguments"] = arguments
+        payload.update(
             {
-                "call_id": call.id,
-                "name": call.name,
-                "arguments": arguments,
                 "effect": str(effect),
                 "outcome": "executed",
                 "ok": result.ok,
                 "result": result.content,
                 "error": result.error,
-                "content": result.as_message_content(),
                 "idempotency_key": f"{self.run.uuid}:{call.id}",
-            },
+            }
+        )
+        event = EventSpec(
+            EventKind.TOOL,
+            payload,
             duration_ms=step.duration_ms,
+            shown={"arguments": arguments},
         )
         if step.lease_lost:  # the ticker's renewal matched no row while the call ran
             return self._lost(at="tool", completed=[event])
