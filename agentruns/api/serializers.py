@@ -216,17 +216,52 @@ class RunSummarySerializer(RunSerializer):
         return data
 
 
-class RunFilterSerializer(serializers.Serializer):
+MAX_PAGE_SIZE = 200
+
+
+class QuerySerializer(serializers.Serializer):
+    """A query string's parameters. DRF reads an empty value of an optional field as absent
+    (``?status=`` would list every run, ``?after=`` start from the first event): refused here
+    like any other invalid value."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        blank = {
+            name: ["This field may not be blank."]
+            for name in self.fields.keys()
+            if hasattr(data, "getlist") and name in data and "" in data.getlist(name)
+        }
+        if blank:
+            raise serializers.ValidationError(blank)
+        return super().to_internal_value(data)
+
+
+class RunFilterSerializer(QuerySerializer):
+    """The run list's query: its filters and its page. The paginator reads ``page`` and
+    ``page_size`` again; they are checked here first so a bad value is a 400 like any other."""
+
     status = serializers.ChoiceField(choices=Status.choices, required=False)
     configuration = serializers.SlugField(required=False, help_text="A configuration's slug.")
+    page = serializers.IntegerField(
+        min_value=1,
+        required=False,
+        help_text="A page number; a page past the last one answers 404.",
+    )
+    page_size = serializers.IntegerField(
+        min_value=1,
+        required=False,
+        help_text=f"Runs per page (default 50); a larger value than {MAX_PAGE_SIZE} is capped.",
+    )
 
 
 # --- Events ----------------------------------------------------------------------------------
 
 
-class EventsQuerySerializer(serializers.Serializer):
+class EventsQuerySerializer(QuerySerializer):
     after = serializers.IntegerField(
-        min_value=-1, default=-1, help_text="Only events with a greater sequence."
+        min_value=-1,
+        max_value=2**31 - 1,  # a sequence is a 32-bit integer; a larger value cannot be compared
+        default=-1,
+        help_text="Only events with a greater sequence.",
     )
 
 
@@ -265,8 +300,21 @@ class DecisionSerializer(_DecisionBase):
     approved = serializers.BooleanField()
 
 
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class JSONObjectField(serializers.JSONField):
+    """A JSON object (an input schema's values are always one): anything else is a 400."""
+
+    default_error_messages = {"not_an_object": "Expected a JSON object."}
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        if not isinstance(value, dict):
+            self.fail("not_an_object")
+        return value
+
+
 class InputSerializer(_DecisionBase):
-    values = serializers.JSONField(help_text="Values for the pending input schema.")
+    values = JSONObjectField(help_text="Values for the pending input schema (a JSON object).")
 
 
 class ReconciliationSerializer(_DecisionBase):
