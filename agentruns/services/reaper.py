@@ -34,6 +34,7 @@ from agentruns import conf, selectors, transitions
 from agentruns.exceptions import StateWriteFailed
 from agentruns.identity import reaper_identity
 from agentruns.leases import EventSpec
+from agentruns.metrics import record_reaper_pass
 from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
 from agentruns.services import dispatch
 from agentruns.services.runtime.transcript import NotRehydratable, rehydrate
@@ -346,4 +347,5 @@ def reap_stale_runs(
             break
     if redispatch and not dry_run:
         report.redispatched = redispatch_unclaimed(identity=identity)
+    record_reaper_pass(report)
     return report
