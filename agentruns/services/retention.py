@@ -5,9 +5,10 @@ absorbing (no transition leaves it), so a run chosen for deletion cannot come ba
 between the choice and the ``DELETE``. Waiting, running, queued and in-doubt runs are never
 touched, however old. Ages are measured on the database clock, like leases.
 
-Batches keep memory and lock time bounded: each batch reads at most ``batch_size`` run ids
-(index ``agentrun_status_finished``), then deletes their events and the runs in one short
-transaction, re-checking the status and age in the ``DELETE`` itself.
+Batches keep memory and lock time bounded: each batch reads the next ``batch_size`` run ids in
+primary-key order after the last batch's (a keyset, so the purge is linear), then deletes their
+events and the runs in one short transaction, re-checking the status and age in the ``DELETE``
+itself. Two purges at once are safe: the second to reach a batch deletes nothing there.
 """
 
 from __future__ import annotations
@@ -82,10 +83,16 @@ def runs_purge(
         result.runs = candidates.count()
         result.events = AgentRunEvent.objects.filter(run__in=candidates.values("pk")).count()
         return result
+    last = 0
     while True:
-        ids = list(candidates.order_by("pk").values_list("pk", flat=True)[:batch_size])
+        # Keyset pagination on the primary key: each batch reads on from where the last one
+        # stopped, so a purge is linear in what it deletes.
+        ids = list(
+            candidates.filter(pk__gt=last).order_by("pk").values_list("pk", flat=True)[:batch_size]
+        )
         if not ids:
             break
+        last = ids[-1]
         with transaction.atomic():
             # The age and status are checked again by the DELETE: only what is still
             # purgeable goes (a terminal run stays terminal, so this only guards the clock).
@@ -99,7 +106,5 @@ def runs_purge(
         result.batches += 1
         if on_batch is not None:
             on_batch(runs, events)
-        if runs == 0:  # nothing left that still qualifies among the ones read: stop
-            break
     logger.info("purge: %s", result.summary())
     return result
