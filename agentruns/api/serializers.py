@@ -225,9 +225,10 @@ class QuerySerializer(serializers.Serializer):
     like any other invalid value."""
 
     def to_internal_value(self, data: Any) -> Any:
+        names = [str(field.field_name) for field in self.fields.values()]
         blank = {
             name: ["This field may not be blank."]
-            for name in self.fields.keys()
+            for name in names
             if hasattr(data, "getlist") and name in data and "" in data.getlist(name)
         }
         if blank:
