@@ -5,6 +5,8 @@ Owns the server process: it starts it in a new session (its own process group), 
 lines of its stderr in a bounded ``StderrTail`` (a server's own reason for failing: "repository
 does not exist"), says when its stdout ended (the process died or closed it: ``ended``) and stops
 it within a bounded time: stdin closed, ``GRACE_SECONDS`` to exit, then SIGKILL to the group.
+On Linux the server also gets SIGKILL when the thread that started it dies (``PR_SET_PDEATHSIG``):
+a killed worker leaves no server behind.
 ``kill()`` stops it at once, from any thread: how a caller whose time ran out keeps its own
 timeout (the SDK's stdio shutdown waits up to several seconds beyond it).
 
@@ -13,11 +15,13 @@ It knows nothing of runs, leases or fences, and writes no rows.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -37,6 +41,7 @@ TAIL_LINES = 20
 TAIL_LINE_CHARS = 300
 TAIL_CHARS = 2000
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a stdout line longer than this is a broken server
+PR_SET_PDEATHSIG = 1
 
 
 class StderrTail:
@@ -95,17 +100,44 @@ def _parse_line(line: str) -> SessionMessage | Exception:
     return SessionMessage(message)
 
 
+def _load_prctl() -> Any:
+    """``prctl`` from the C library, looked up once in the parent (nothing is loaded after a
+    fork); None where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL it when the thread that started it dies — the session's
+    thread, so a segment's process that is killed (and so every thread in it) takes its stdio
+    servers with it, even one stuck in a tool call. Linux only; elsewhere a server sees its stdin
+    close."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 @asynccontextmanager
 async def stdio_transport(argv: Sequence[str], state: StdioProcess) -> AsyncIterator[Any]:
     """Start ``argv`` (no shell; the SDK's safe default environment) and yield the (read, write)
     streams an ``mcp.Client`` takes. Raises ``OSError`` when it cannot be started."""
-    process = await anyio.open_process(
-        list(argv),
+    process = await asyncio.create_subprocess_exec(
+        *argv,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=get_default_environment(),
         start_new_session=True,
+        preexec_fn=_die_with_parent if _PRCTL is not None else None,
+        limit=MAX_LINE_BYTES,
     )
     state.pid = process.pid
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
@@ -113,18 +145,21 @@ async def stdio_transport(argv: Sequence[str], state: StdioProcess) -> AsyncIter
 
     async def stdout_reader() -> None:
         assert process.stdout is not None
-        buffer = b""
         try:
             async with read_writer:
-                async for chunk in process.stdout:
-                    lines = (buffer + chunk).split(b"\n")
-                    buffer = lines.pop()
-                    if len(buffer) > MAX_LINE_BYTES:
-                        await read_writer.send(ValueError("the server sent an endless line"))
-                        return
-                    for line in lines:
+                while True:
+                    try:
+                        line = await process.stdout.readuntil(b"\n")
+                    except asyncio.IncompleteReadError as end:
+                        line = end.partial  # the last line without its newline, or nothing
                         if line.strip():
                             await read_writer.send(_parse_line(line.decode("utf-8", "replace")))
+                        return
+                    except asyncio.LimitOverrunError:
+                        await read_writer.send(ValueError("the server sent an endless line"))
+                        return
+                    if line.strip():
+                        await read_writer.send(_parse_line(line.decode("utf-8", "replace")))
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             pass
         finally:
@@ -136,14 +171,15 @@ async def stdio_transport(argv: Sequence[str], state: StdioProcess) -> AsyncIter
             async with write_reader:
                 async for message in write_reader:
                     data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                    await process.stdin.send((data + "\n").encode("utf-8"))
+                    process.stdin.write((data + "\n").encode("utf-8"))
+                    await process.stdin.drain()
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await read_writer.aclose()  # the session sees the connection end, not a hang
 
     async def stderr_reader() -> None:
         assert process.stderr is not None
-        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            async for chunk in process.stderr:
+        with contextlib.suppress(OSError):
+            while chunk := await process.stderr.read(4096):
                 state.stderr.feed(chunk.decode("utf-8", "replace"))
 
     async with anyio.create_task_group() as tasks:
@@ -160,19 +196,15 @@ async def stdio_transport(argv: Sequence[str], state: StdioProcess) -> AsyncIter
 
 async def _stop(process: Any, state: StdioProcess) -> None:
     """Close stdin, give the server ``GRACE_SECONDS`` to exit, then kill its group: bounded."""
-    with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-        await process.stdin.aclose()
+    with contextlib.suppress(OSError, RuntimeError):
+        process.stdin.close()
     if not await _exited(process, GRACE_SECONDS):
         state.kill()
         if not await _exited(process, REAP_SECONDS):
             logger.warning("MCP server process %s survived SIGKILL; abandoned", process.pid)
-    for stream in (process.stdout, process.stderr):
-        with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await stream.aclose()
 
 
 async def _exited(process: Any, seconds: float) -> bool:
     with anyio.move_on_after(seconds):
-        while process.returncode is None:
-            await anyio.sleep(0.01)
+        await process.wait()
     return process.returncode is not None

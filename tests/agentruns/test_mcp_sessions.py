@@ -78,13 +78,16 @@ def start(*turns: dict[str, Any], tools: list[str] | None = None) -> Any:
     return runs.run_start_sync(configuration=configuration, prompt="go")
 
 
-def gone(pid: int) -> bool:
-    """Whether the process has exited (and was reaped): a short bounded wait, not a timing."""
-    deadline = time.monotonic() + 10
+def gone(pid: int, *, wait: float = 10) -> bool:
+    """Whether the process has exited (a zombie counts): a bounded wait, not a timing."""
+    deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         if not Path(f"/proc/{pid}").exists():
             return True
-        status = Path(f"/proc/{pid}/stat").read_text(errors="replace").split()
+        try:
+            status = Path(f"/proc/{pid}/stat").read_text(errors="replace").split()
+        except OSError:
+            return True
         if len(status) > 2 and status[2] == "Z":
             return True
         time.sleep(0.05)
@@ -356,3 +359,62 @@ def test_the_read_only_list_is_validated_and_edited_in_the_admin(
     client.force_login(UserFactory(is_superuser=True))
     page = client.get(f"/admin/agentruns/mcpserver/{row.pk}/change/").content.decode()
     assert 'name="read_only_tools"' in page
+
+
+# --- A killed process takes its servers with it -----------------------------------------------
+
+HOLDER = """
+import sys
+import django
+django.setup()
+from uuid import uuid4
+from agentruns.models import McpServer
+from agentruns.tools import ToolContext
+from agentruns.tools.mcp_client import call_remote_tool
+from agentruns.tools.mcp_sessions import session_scope
+row = McpServer(name="local", transport="stdio", command=sys.argv[1], timeout_seconds=600)
+context = ToolContext(
+    run_uuid=uuid4(), call_id="c1", initiator_id=None, fencing_token=1, timeout_seconds=600
+)
+with session_scope():
+    call_remote_tool(row, "commit_and_stall", {"message": "held"}, context)
+"""
+
+
+def test_a_killed_segment_process_leaves_no_server_behind(tmp_path: Path) -> None:
+    """SIGKILL the process that holds a session while its server is inside a call (a worker
+    dying mid-call): the server, which would otherwise run its stalled call to the end, dies with
+    it (``PR_SET_PDEATHSIG``)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    log = tmp_path / "calls.jsonl"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.test",
+        "AGENTRUNS_MCP_STDIO_ALLOWED": "true",
+    }
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, stdio_command(log)],
+        cwd=Path(settings.BASE_DIR),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not read_calls(log):
+            assert holder.poll() is None, "the holder exited before the call"
+            assert time.monotonic() < deadline, "the call never reached the server"
+            time.sleep(0.05)
+        [held] = read_calls(log)
+        assert not gone(held["pid"], wait=0.5)  # the server is there, inside the call
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=10)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    assert gone(held["pid"])
