@@ -12,8 +12,9 @@ run:
 
 Each figure is calls/s over the turn's 5 calls (the whole run's wall time: the provider is
 scripted, so the time is the remote calls'), the median of ``--runs`` runs. Then a call to the
-project's own stalling stdio test server with ``timeout_seconds`` of 2: the time until the caller
-has its answer (the configured timeout plus the abort; the issue allows 1 s over).
+project's own stalling stdio test server with ``timeout_seconds`` of 5: the time until the caller
+has its answer (the configured timeout plus the abort; the issue allows 1 s over), beside the
+same call made as before (the SDK's stdio client under ``anyio.fail_after``).
 
     .venv/bin/python benchmarks/mcp_sessions.py [--runs 3]
 """
@@ -116,7 +117,7 @@ def measure_timeout() -> None:
     from agentruns.tools.mcp_sessions import session_scope
     from tests.support.mcp_stdio_server import stdio_command
 
-    row = McpServer(name="stall", transport="stdio", command=stdio_command(), timeout_seconds=2)
+    row = McpServer(name="stall", transport="stdio", command=stdio_command(), timeout_seconds=5)
     context = ToolContext(
         run_uuid=uuid4(), call_id="c1", initiator_id=None, fencing_token=1, timeout_seconds=60
     )
@@ -133,9 +134,35 @@ def measure_timeout() -> None:
         call_remote_tool(row, "echo", {"text": "open the session"}, context)
         shared = stalled()
     own = stalled()
-    print("a stalled call with timeout_seconds=2 came back (outcome unknown) after")
+    sdk = sdk_stalled(row.command, 5.0)
+    print("a stalled call with timeout_seconds=5 came back (outcome unknown) after")
+    print(
+        f"  {sdk:.2f} s before: the SDK's stdio client under anyio.fail_after (its shutdown after)"
+    )
     print(f"  {shared:.2f} s on the segment's open session")
     print(f"  {own:.2f} s opening its own session (start, call, stop all inside the timeout)")
+
+
+def sdk_stalled(command: str, limit: float) -> float:
+    """The baseline: how Leasehold called before — the SDK's own stdio client inside
+    ``anyio.fail_after(limit)``, whose shutdown (grace, SIGTERM, SIGKILL) runs after it."""
+    import asyncio
+
+    import anyio
+    from mcp import Client, StdioServerParameters
+
+    argv = shlex.split(command)
+
+    async def call() -> None:
+        with anyio.fail_after(limit):
+            params = StdioServerParameters(command=argv[0], args=argv[1:])
+            async with Client(params, read_timeout_seconds=limit, cache=None) as client:
+                await client.call_tool("commit_and_stall", {"message": "m"})
+
+    started = time.perf_counter()
+    with contextlib.suppress(Exception):  # the timeout, however the SDK words it
+        asyncio.run(call())
+    return time.perf_counter() - started
 
 
 def main() -> None:
