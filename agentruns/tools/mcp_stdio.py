@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 GRACE_SECONDS = 0.3  # for the server to exit by itself once its stdin closed
 REAP_SECONDS = 0.2  # for the event loop to see a killed process go
+DRAIN_SECONDS = 0.1  # for the last of its stderr once it is gone
 TAIL_LINES = 20
 TAIL_LINE_CHARS = 300
 TAIL_CHARS = 2000
@@ -176,11 +177,16 @@ async def stdio_transport(argv: Sequence[str], state: StdioProcess) -> AsyncIter
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await read_writer.aclose()  # the session sees the connection end, not a hang
 
+    stderr_done = anyio.Event()
+
     async def stderr_reader() -> None:
         assert process.stderr is not None
-        with contextlib.suppress(OSError):
-            while chunk := await process.stderr.read(4096):
-                state.stderr.feed(chunk.decode("utf-8", "replace"))
+        try:
+            with contextlib.suppress(OSError):
+                while chunk := await process.stderr.read(4096):
+                    state.stderr.feed(chunk.decode("utf-8", "replace"))
+        finally:
+            stderr_done.set()
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(stdout_reader)
@@ -191,6 +197,8 @@ async def stdio_transport(argv: Sequence[str], state: StdioProcess) -> AsyncIter
         finally:
             with anyio.CancelScope(shield=True):
                 await _stop(process, state)
+                with anyio.move_on_after(DRAIN_SECONDS):  # the server's last words
+                    await stderr_done.wait()
             tasks.cancel_scope.cancel()
 
 

@@ -355,10 +355,11 @@ def test_the_read_only_list_is_validated_and_edited_in_the_admin(
         row.full_clean()
     assert "read_only_tools" in refused.value.message_dict
 
-    row = synced_server(tmp_path / "calls.jsonl")
+    row = synced_server(tmp_path / "calls.jsonl", read_only_tools=["echo"])
     client.force_login(UserFactory(is_superuser=True))
     page = client.get(f"/admin/agentruns/mcpserver/{row.pk}/change/").content.decode()
     assert 'name="read_only_tools"' in page
+    assert page.count("read-only (your list)") == 1  # echo's row of the tools table
 
 
 # --- A killed process takes its servers with it -----------------------------------------------
