@@ -282,24 +282,35 @@ def test_a_crashed_server_is_restarted_once_per_segment(tmp_path: Path) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_lost_lease_closes_the_segments_sessions_and_sends_nothing_more(
-    tmp_path: Path, probes: Any
+    tmp_path: Path, probes: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log = tmp_path / "calls.jsonl"
     synced_server(log)
     probes.during = take_over_once()
+    # Observe the moment the segment records what it noticed: its sessions are closed by then,
+    # not only when the segment returns.
+    from agentruns.services.runtime import segment
+
+    seen: dict[str, bool] = {}
+    notice = segment.transitions.run_notice_cancel
+
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        [echoed] = read_calls(log)
+        seen["server_gone"] = gone(echoed["pid"], wait=2)
+        return notice(*args, **kwargs)
+
+    monkeypatch.setattr(segment.transitions, "run_notice_cancel", observed)
     turn = tool_turn(
         call(name("echo"), text="before"),
         call("probe_read", value="the lease moves here"),
         call(name("create_ticket"), title="never"),
     )
-    result = start(
-        turn, {"content": "ok"}, tools=[name("echo"), name("create_ticket"), *PROBE_NAMES]
-    )
+    tools = [name("echo"), name("create_ticket"), *PROBE_NAMES]
+    result = start(turn, {"content": "ok"}, tools=tools)
 
     assert result.outcome == Outcome.LEASE_LOST
-    [echoed] = read_calls(log)
-    assert echoed["tool"] == "echo"
-    assert gone(echoed["pid"])  # the session closed when the loss was noticed
+    assert [c["tool"] for c in read_calls(log)] == ["echo"]  # the write never started
+    assert seen == {"server_gone": True}
 
 
 @pytest.mark.django_db
