@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from agentruns.models import AgentRun, AgentRunEvent, Status
 from agentruns.services import runs
+from agentruns.tools.origins import tool_origin
 from agentruns.turns import INPUT, RECONCILIATION, read_pending_turn, waits_for_a_human
 
 MODE_CHOICES = [("sync", "sync"), ("queued", "queued")]
@@ -87,11 +88,49 @@ class PreviewSerializer(serializers.Serializer):
     changes = ChangeSerializer(many=True, help_text="At most 20; long values cut with a mark.")
 
 
+class ServerOriginSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    transport = serializers.ChoiceField(choices=["streamable_http", "stdio"])
+    endpoint = serializers.CharField(help_text="The command (stdio) or the URL (streamable HTTP).")
+    enabled = serializers.BooleanField()
+
+
+class ToolOriginSerializer(serializers.Serializer):
+    """Where the call's tool comes from, read when the turn is shown (a call re-reads its server
+    when it runs). ``hints`` are *declared by the server, not verified*: they decide nothing."""
+
+    description = serializers.CharField(
+        allow_blank=True, help_text="The tool's own description (at most 1,000 characters)."
+    )
+    source = serializers.ChoiceField(  # type: ignore[assignment]  # a declared field, not .source
+        choices=["local", "mcp", "unknown"],
+        help_text="unknown: no such tool is registered now.",
+    )
+    server = ServerOriginSerializer(
+        allow_null=True, help_text="mcp: the MCP server the call goes to; null otherwise."
+    )
+    hints = serializers.DictField(
+        child=serializers.CharField(),
+        help_text="mcp: the hints the server declares (readOnlyHint, …), as text. Declared by "
+        "the server, not verified: they never decide approval or the effect.",
+    )
+    hints_note = serializers.CharField(
+        allow_blank=True, help_text='"declared by the server, not verified" when there are hints.'
+    )
+    read_only_by_operator = serializers.BooleanField(
+        help_text="mcp: the operator listed the tool read-only on its server row (it runs "
+        "without approval and unfenced)."
+    )
+
+
 class CallSerializer(serializers.Serializer):
     id = serializers.CharField()
     name = serializers.CharField()
-    arguments = serializers.JSONField()
+    arguments = serializers.JSONField(
+        help_text="The arguments, keys in the order the model sent them."
+    )
     effect = serializers.CharField()
+    tool = ToolOriginSerializer()
     preview = PreviewSerializer(
         allow_null=True,
         help_text="approval: what the write will change; null when its tool declares no "
@@ -142,6 +181,7 @@ def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
                 "name": c.name,
                 "arguments": c.arguments,
                 "effect": c.effect,
+                "tool": tool_origin(c.name).to_json(),
                 "preview": c.preview.to_json() if c.preview is not None and c.preview.ok else None,
                 "preview_failed": c.preview.failed
                 if c.preview is not None and c.preview.failed

@@ -254,6 +254,15 @@ def test_detail_shows_the_pending_turn_without_raw_state(api):
             "name": "create_note",
             "arguments": {"title": "t", "body": "b"},
             "effect": "non_idempotent_write",
+            "tool": {
+                "description": "Create a new note. Each call creates another note, even with "
+                "the same text.",
+                "source": "local",
+                "server": None,
+                "hints": {},
+                "hints_note": "",
+                "read_only_by_operator": False,
+            },
             "preview": {
                 "summary": "creates a note titled 't'",
                 "target": None,
