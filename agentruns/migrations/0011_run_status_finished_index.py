@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentruns', '0009_agentrun_updated_at_on_the_database_clock'),
+        ('agentruns', '0010_mcpserver_read_only_tools'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

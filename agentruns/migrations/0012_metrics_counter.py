@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentruns', '0010_run_status_finished_index'),
+        ('agentruns', '0011_run_status_finished_index'),
     ]
 
     operations = [
