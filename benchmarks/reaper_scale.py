@@ -3,6 +3,7 @@
 
     DATABASE_URL=postgres://root@127.0.0.1:5432/test .venv/bin/python benchmarks/reaper_scale.py
     ... benchmarks/reaper_scale.py --sizes 10000,100000      # skip the million
+    ... benchmarks/reaper_scale.py --json    # last line: {"sizes": [{"rows", "stale", ...}]}
 
 Creates (and drops) a THROWAWAY PostgreSQL database ``leasehold_reaper_<pid>`` on the server of
 ``DATABASE_URL``; nothing else is touched. For each size the table holds, by ``id % 100``:
@@ -13,9 +14,13 @@ nothing to redispatch) and 91 completed runs. Then it prints
 * the plan of the reaper's batch query (``EXPLAIN ANALYZE`` inside a rolled-back transaction):
   it must use the ``(status, lease_expires)`` index ``agentrun_status_lease``;
 * the time of the selector alone (all stale rows, no lock) and of one full pass
-  (``reap_stale_runs``: judge, guarded transition, ``reaper`` event, wake-up per run, then the
+  (``reap_stale_runs``: per batch of 200 the locked read, the rules, one guarded ``UPDATE`` per
+  verdict kind, one INSERT of the ``reaper`` events, the wake-ups in one transaction; then the
   redispatch query), beside a floor measured in the same run: the same number of raw guarded
   single-row ``UPDATE``s through psycopg, one transaction each.
+
+With ``--json`` the last line is one JSON object: ``{"sizes": [{"rows", "stale", "seconds",
+"ms_per_stale_run", "index_used"}]}`` (``seconds``: the full pass).
 
 Stale runs carry no events (rehydrating a long transcript costs one indexed read per run more).
 """
@@ -23,6 +28,7 @@ Stale runs carry no events (rehydrating a long transcript costs one indexed read
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -144,6 +150,7 @@ def raw_floor(url: str, stale: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000,1000000")
+    parser.add_argument("--json", action="store_true", help="end with one JSON object")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     server = postgres_server("reaper_scale")
@@ -179,6 +186,18 @@ def main() -> None:
                 f"{pass_s / max(found, 1) * 1000:>7.2f}ms {floor_s:>10.2f}s "
                 f"({floor_s / max(found, 1) * 1000:.2f}ms/run)   {'yes' if used else 'NO'}"
             )
+        if args.json:
+            sizes_json = [
+                {
+                    "rows": size,
+                    "stale": found,
+                    "seconds": round(pass_s, 4),
+                    "ms_per_stale_run": round(pass_s / max(found, 1) * 1000, 3),
+                    "index_used": used,
+                }
+                for size, found, _, pass_s, _, used in rows
+            ]
+            print(json.dumps({"sizes": sizes_json}))
 
 
 if __name__ == "__main__":
