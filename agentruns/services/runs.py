@@ -153,10 +153,9 @@ def run_enqueue(
 
 def run_process_queued(*, run_uuid: UUID | str) -> SegmentResult | None:
     """The worker's segment: claim a queued run and continue it. ``None``: nothing to claim."""
-    run_id = run_id_of(run_uuid, missing_ok=True)
-    if run_id is None:
-        return None
-    lease = transitions.run_claim_queued(run_id=run_id, identity=execution_identity(Segment.WORKER))
+    lease = transitions.run_claim_queued(
+        run_uuid=run_uuid, identity=execution_identity(Segment.WORKER)
+    )
     if lease is None:
         return None
     return continue_segment(lease, retry=dispatch.schedule_retry)
