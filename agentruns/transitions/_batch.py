@@ -7,7 +7,7 @@ only ``agentruns.transitions.reaper`` calls it.
   event, in multi-row INSERTs.
 
 The same SQL runs on PostgreSQL and on SQLite (3.35 or later: ``UPDATE … FROM`` and
-``RETURNING``); only the casts of the ``VALUES`` differ.
+``RETURNING``); only PostgreSQL needs the ``VALUES`` typed.
 """
 
 from __future__ import annotations
@@ -30,9 +30,6 @@ from agentruns.transitions._writer import (
     _execute,
     _insert_sql,
 )
-
-#: How a per-run value is typed in the ``VALUES`` list, by vendor (SQLite needs no cast).
-_CASTS = {"postgresql": {"json": "CAST(%s AS jsonb)", "text": "CAST(%s AS text)"}}
 
 
 def _db() -> BaseDatabaseWrapper:
@@ -88,11 +85,9 @@ def batch_update(
             f"RETURNING {id_column}"
         )
         return _returned_ids(db, sql, [*params, *per_run, *guard_params])
-    casts = _CASTS.get(db.vendor, {})
-    marks = ["%s"] + [
-        casts.get("json" if RUN_FIELDS[n].get_internal_type() == "JSONField" else "text", "%s")
-        for n in names
-    ]
+    # PostgreSQL types a VALUES column from its first row: say each column's type.
+    typed = db.vendor == "postgresql"
+    marks = ["%s"] + [f"CAST(%s AS {RUN_FIELDS[n].db_type(db)})" if typed else "%s" for n in names]
     row = "(" + ", ".join(marks) + ")"
     aliases = ["v_id"] + [f"v_{n}" for n in names]
     assignments += [f"{quote(RUN_FIELDS[n].column)} = v.v_{n}" for n in names]
