@@ -8,6 +8,7 @@ their ratio, and — measured on the same run — what storing each request's wh
 request events did before, would have cost.
 
     .venv/bin/python benchmarks/storage_per_run.py --rounds 20
+    .venv/bin/python benchmarks/storage_per_run.py --json   # last line: {"rounds", "events", …}
 
 Goal: stored <= 1.2 x the dialogue, plus a fixed cost per event.
 """
@@ -30,6 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--chars", type=int, default=400, help="characters per answer")
+    parser.add_argument("--json", action="store_true", help="end with one JSON object")
     args = parser.parse_args()
     directory = tempfile.mkdtemp(prefix="leasehold-storage-")
     try:
@@ -43,7 +45,9 @@ def main() -> None:
                 "AGENTRUNS_MAX_ITERATIONS": str(args.rounds + 1),
             }
         )
-        measure(args.rounds, args.chars)
+        figures = measure(args.rounds, args.chars)
+        if args.json:
+            print(json.dumps(figures))
     finally:
         from django.db import connections
 
@@ -51,7 +55,7 @@ def main() -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def measure(rounds: int, chars: int) -> None:
+def measure(rounds: int, chars: int) -> dict[str, float]:
     from agentruns.models import AgentConfiguration, AgentRunEvent, EventKind
     from agentruns.services import runs
     from agentruns.services.runtime.transcript import request_messages
@@ -83,6 +87,13 @@ def measure(rounds: int, chars: int) -> None:
         f"  baseline, whole dialogue per request (as before): {before} bytes -> "
         f"{before / dialogue:.2f}x ({before / stored:.1f}x what is stored now)"
     )
+    return {
+        "rounds": rounds,
+        "events": len(events),
+        "dialogue_bytes": dialogue,
+        "stored_bytes": stored,
+        "ratio_to_dialogue": round(stored / dialogue, 3),
+    }
 
 
 if __name__ == "__main__":
