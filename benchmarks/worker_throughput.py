@@ -155,6 +155,7 @@ def print_profile(lines: int = 25) -> None:
             for name in names:
                 if name.startswith(OURS):
                     inclusive[name] += int(count)
+    os.remove(PROFILE_FILE)
     print(f"\nworker process, {worker_samples} samples (py-spy, 200/s), inclusive share:")
     for name, count in inclusive.most_common(lines):
         print(f"  {count / max(worker_samples, 1):6.1%}  {name}")

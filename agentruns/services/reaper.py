@@ -14,8 +14,9 @@ the first matching rule wins:
 
 Runs are taken in batches, each one transaction under ``SELECT … FOR UPDATE SKIP LOCKED`` (so two
 reapers never handle one run; on SQLite the IMMEDIATE transaction serialises them instead), and
-every state change is a guarded transition that re-checks staleness in its own ``UPDATE``: a
-holder that renewed its lease meanwhile keeps its run (verdict ``skipped``). Every verdict is a
+carried out set-based (``transitions.runs_reap_stale``: one guarded ``UPDATE`` per verdict kind
+that re-checks staleness row by row, one INSERT of the events): a holder that renewed its lease
+meanwhile keeps its run (verdict ``skipped``). Every verdict is a
 ``reaper`` event. Then queued runs nobody claimed for ``REDISPATCH_SECONDS`` get a fresh wake-up.
 
 Owns no state of its own and never executes a run: it only settles or hands runs back.
