@@ -8,7 +8,7 @@ from agentruns.services import reaper, retention, runs
 
 def process_run(run_uuid: str) -> str:
     """Claim a queued run and continue it; a no-op when the claim finds nothing to do."""
-    result = runs.run_process_queued(run_uuid=run_uuid)
+    result = runs.run_process_queued(run_uuid=run_uuid, reload_run=False)
     return "not claimed" if result is None else result.outcome
 
 
