@@ -25,8 +25,8 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, F, Min
+from django.db import connection, transaction
+from django.db.models import Count, Min
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CollectorRegistry, generate_latest
@@ -61,25 +61,44 @@ def _parse_labels(text: str) -> dict[str, str]:
 
 def counter_add(name: str, n: int = 1, **labels: str) -> None:
     """Raise the counter ``name{labels}`` by ``n`` (created at 0 on first use)."""
-    key = _labels(labels)
-    if Counter.objects.filter(name=name, labels=key).update(value=F("value") + n, updated_at=Now()):
+    counters_add([(name, labels, n)])
+
+
+def counters_add(increments: list[tuple[str, Mapping[str, str], int]]) -> None:
+    """Raise several counters in one statement: an ``INSERT … ON CONFLICT DO UPDATE`` that adds
+    to the stored value (PostgreSQL, and SQLite 3.24 or later), so concurrent writers lose
+    nothing and the first use creates the row."""
+    if not increments:
         return
-    try:
-        with transaction.atomic():
-            Counter.objects.create(name=name, labels=key, value=n)
-    except IntegrityError:  # another process created it first
-        Counter.objects.filter(name=name, labels=key).update(value=F("value") + n)
+    table = connection.ops.quote_name(Counter._meta.db_table)
+    now = "STATEMENT_TIMESTAMP()" if connection.vendor == "postgresql" else "CURRENT_TIMESTAMP"
+    rows = ", ".join(f"(%s, %s, %s, {now})" for _ in increments)
+    params: list[str | int] = []
+    for name, labels, n in increments:
+        params += [name, _labels(labels), n]
+    # In a savepoint: a caller's transaction survives a failed count on PostgreSQL.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (name, labels, value, updated_at) VALUES {rows} "
+            f"ON CONFLICT (name, labels) DO UPDATE SET value = {table}.value + excluded.value, "
+            f"updated_at = excluded.updated_at",
+            params,
+        )
 
 
 def record_reaper_pass(report: ReaperReport) -> None:
-    """Count a reaper pass's verdicts by rule. A dry run changed nothing and counts nothing; a
-    failure to count is logged and never fails the pass."""
+    """Count a reaper pass's verdicts by rule, in one statement. A dry run changed nothing and
+    counts nothing; a failure to count is logged and never fails the pass."""
     if report.dry_run:
         return
+    tally = Tally((v.rule, v.verdict) for v in report.verdicts)
+    increments: list[tuple[str, Mapping[str, str], int]] = [
+        (REAPER_VERDICTS, {"rule": rule, "verdict": verdict}, n)
+        for (rule, verdict), n in sorted(tally.items())
+    ]
+    increments.append((REAPER_PASSES, {}, 1))
     try:
-        for (rule, verdict), n in Tally((v.rule, v.verdict) for v in report.verdicts).items():
-            counter_add(REAPER_VERDICTS, n, rule=rule, verdict=verdict)
-        counter_add(REAPER_PASSES)
+        counters_add(increments)
     except Exception:  # the pass itself is done; only the count is lost
         logger.exception("could not count a reaper pass for /metrics")
 
