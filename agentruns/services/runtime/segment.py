@@ -132,7 +132,9 @@ class RunSegment(ProviderStep):
             return stop or Stop.of(Outcome.FAILED, reason=TerminationReason.NOT_RESUMABLE)
         self.state = rehydrated.loop_state
         self.messages = rehydrated.messages
-        self.lease.next_sequence = max(self.lease.next_sequence, rehydrated.next_sequence)
+        if rehydrated.next_sequence > self.lease.next_sequence:
+            # The lease's counter was behind the stored events: so is its head (read it again).
+            self.lease.next_sequence, self.lease.head = rehydrated.next_sequence, None
         return self._loop()
 
     # -- boundaries --

@@ -1,0 +1,182 @@
+"""The tamper-evident ledger: how a run's events are chained and where the chain's head lives
+(docs/design.md §1.10).
+
+Every event carries ``prev_hash`` (the hash of the run's previous event, or the run's genesis
+value for its first) and ``hash``: SHA-256 over the previous hash and the canonical JSON of the
+event's run uuid, sequence, kind, payload, segment, lease epoch and actor. The run row keeps the
+head (``AgentRun.ledger_head``, the last event's hash; the genesis value while it has none),
+written by the writer (``agentruns.transitions._writer``) in the same guarded statement or
+transaction as the events, so removing the last events is detected too.
+
+This module is the only place that knows the format and the head column: the writer asks it for
+the links of the events it appends (``chain``) and writes ``HEAD_FIELD`` with them; the audit
+(``agentruns.audit``) recomputes them. Free of queries but ``read_head`` / ``write_head``.
+
+The format is version 1; a standalone verifier needs only this (README, "Verifying an export"):
+
+* ``genesis(uuid) = sha256("leasehold-ledger-v1:" + uuid)`` (hex, lowercase uuid with hyphens);
+* ``hash = sha256(prev_hash + canonical)`` (both as ASCII text), where ``canonical`` is
+  ``json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True)`` of
+  ``{"run": uuid, "sequence", "kind", "payload", "segment", "lease_epoch", "actor"}`` (``actor``
+  the deciding user's id or null) with every float that is a whole number written as an integer
+  (PostgreSQL's ``jsonb`` gives ``1e16`` back as ``10000000000000000``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+VERSION = 1
+GENESIS_PREFIX = "leasehold-ledger-v1:"
+#: The run column holding the chain's head.
+HEAD_FIELD = "ledger_head"
+HASH_LENGTH = 64
+
+
+def genesis(run_uuid: UUID | str) -> str:
+    """The value a run's first event chains from (and the head of a run with no events)."""
+    return hashlib.sha256(f"{GENESIS_PREFIX}{str(run_uuid).lower()}".encode("ascii")).hexdigest()
+
+
+def _normalised(value: Any) -> Any:
+    """``value`` as it reads back from either database: whole floats as integers."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        return {key: _normalised(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_normalised(item) for item in value]
+    return value
+
+
+def canonical_payload(payload: Any) -> Any:
+    """The payload as the database will give it back: a JSON round trip (tuples become lists,
+    keys strings), whole floats as integers."""
+    return _normalised(json.loads(json.dumps(payload)))
+
+
+def canonical(
+    *,
+    run_uuid: UUID | str,
+    sequence: int,
+    kind: str,
+    payload: Any,
+    segment: str,
+    lease_epoch: int,
+    actor_id: int | None,
+) -> str:
+    """The canonical JSON text of one event (``payload`` already canonical)."""
+    return json.dumps(
+        {
+            "run": str(run_uuid).lower(),
+            "sequence": sequence,
+            "kind": str(kind),
+            "payload": payload,
+            "segment": segment,
+            "lease_epoch": lease_epoch,
+            "actor": actor_id,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+    )
+
+
+def link(prev_hash: str, canonical_text: str) -> str:
+    """``sha256(prev_hash + canonical_text)``, hex."""
+    return hashlib.sha256((prev_hash + canonical_text).encode("ascii")).hexdigest()
+
+
+def event_hash(
+    prev_hash: str,
+    *,
+    run_uuid: UUID | str,
+    sequence: int,
+    kind: str,
+    payload: Any,
+    segment: str,
+    lease_epoch: int,
+    actor_id: int | None,
+) -> str:
+    """The hash of an event as stored (``payload`` as read back from the database)."""
+    return link(
+        prev_hash,
+        canonical(
+            run_uuid=run_uuid,
+            sequence=sequence,
+            kind=kind,
+            payload=_normalised(payload),
+            segment=segment,
+            lease_epoch=lease_epoch,
+            actor_id=actor_id,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class Link:
+    """One appended event's place in the chain."""
+
+    prev_hash: str
+    hash: str
+
+
+class _Spec:
+    """What ``chain`` reads of an event to append (``agentruns.leases.EventSpec``)."""
+
+    kind: str
+    payload: dict[str, Any]
+    actor_id: int | None
+
+
+def chain(
+    *,
+    run_uuid: UUID | str,
+    prev_hash: str,
+    first_sequence: int,
+    segment: str,
+    lease_epoch: int,
+    events: Iterable[_Spec],
+) -> tuple[list[Link], str]:
+    """The links of ``events`` appended after ``prev_hash``, numbered from ``first_sequence``
+    and signed ``segment``/``lease_epoch``; and the new head."""
+    links = []
+    head = prev_hash
+    for sequence, spec in enumerate(events, start=first_sequence):
+        text = canonical(
+            run_uuid=run_uuid,
+            sequence=sequence,
+            kind=str(spec.kind),
+            payload=canonical_payload(spec.payload),
+            segment=segment,
+            lease_epoch=lease_epoch,
+            actor_id=spec.actor_id,
+        )
+        current = link(head, text)
+        links.append(Link(prev_hash=head, hash=current))
+        head = current
+    return links, head
+
+
+# --- The head on the run row -------------------------------------------------------------------
+
+
+def read_head(run_id: int) -> tuple[UUID, str]:
+    """The run's uuid and stored head (call while holding the row: lock, guard or lease). A run
+    whose head was never written (``""``) chains from its genesis value."""
+    from agentruns.models import AgentRun
+
+    run_uuid, head = AgentRun.objects.filter(pk=run_id).values_list("uuid", HEAD_FIELD).get()
+    return run_uuid, head or genesis(run_uuid)
+
+
+def write_head(run_id: int, head: str) -> None:
+    """Store ``head`` on the run (in the transaction that appended the events it names)."""
+    from agentruns.models import AgentRun
+
+    AgentRun.objects.filter(pk=run_id).update(**{HEAD_FIELD: head})
