@@ -15,13 +15,13 @@ from uuid import UUID
 from django.contrib import admin, messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from agentruns import selectors
+from agentruns import audit, selectors
 from agentruns.authority import Decider
 from agentruns.exceptions import (
     InvalidInput,
@@ -156,6 +156,19 @@ def run_detail(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
         card=card_for(run, reader=Decider(request.user)),
         next_url=request.get_full_path(),
     )
+
+
+@require_GET
+def run_audit(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
+    """The run's audit trail as a JSON Lines download (``agentruns.audit.export_lines``)."""
+    try:
+        run = selectors.run_get(run_uuid=run_uuid, user=request.user)
+    except LeaseholdError as exc:
+        messages.error(request, feedback.refusal_message(exc))
+        return HttpResponseRedirect(reverse("approvals:inbox"))
+    response = StreamingHttpResponse(audit.export_lines(run), content_type="application/jsonl")
+    response["Content-Disposition"] = f'attachment; filename="{audit.export_filename(run)}"'
+    return response
 
 
 # --- Decisions (POST, then redirect) ------------------------------------------------------------
