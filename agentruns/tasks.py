@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentruns.services import reaper, runs
+from agentruns.services import checks, reaper, runs
 
 
 def process_run(run_uuid: str) -> str:
@@ -14,3 +14,8 @@ def process_run(run_uuid: str) -> str:
 def reap_stale_runs() -> str:
     """The scheduled reaper pass (``setup_schedules``); returns its summary line."""
     return reaper.reap_stale_runs().summary()
+
+
+def check_in_doubt(run_uuid: str, attempt: int = 1) -> str:
+    """A tool's automatic check of a run's in-doubt write; a no-op when nothing is due."""
+    return checks.run_check_in_doubt(run_uuid=run_uuid, attempt=int(attempt))

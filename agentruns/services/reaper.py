@@ -37,6 +37,7 @@ from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
 from agentruns.services import dispatch
 from agentruns.services.runtime.transcript import NotRehydratable, rehydrate
+from agentruns.tools import registry
 from agentruns.turns import PendingTurn
 
 logger = logging.getLogger(__name__)
@@ -161,12 +162,18 @@ def _apply(run: AgentRun, rule: str, detail: str, identity: str) -> bool:
     """Carry out ``rule`` on ``run`` through its guarded transition; ``False``: not stale now."""
     event = _event(run, rule, VERDICT_OF_RULE[rule], detail)
     if rule == Rule.FENCE:
-        return transitions.run_mark_in_doubt(
+        call = PendingTurn.for_reconciliation(run).call
+        check = dispatch.initial_check(registry.get(call.name) if call and call.name else None)
+        parked = transitions.run_mark_in_doubt(
             run_id=run.pk,
-            pending_turn=PendingTurn.for_reconciliation(run),
+            pending_turn=PendingTurn.for_reconciliation(run, check=check),
             segment=identity,
             event=event,
         )
+        if parked and check is not None:
+            # After the batch commits: the call's tool checks whether it landed (§9.2).
+            dispatch.check_after_commit(str(run.uuid))
+        return parked
     if rule == Rule.RECLAIM:
         return transitions.run_reclaim_stale(run_id=run.pk, segment=identity, event=event)
     reason, error_type = (

@@ -6,6 +6,8 @@ here stamps or checks a lease.
 """
 
 from agentruns.tools.registry import (
+    CheckAnswer,
+    CheckContext,
     OutcomeUnknown,
     Tool,
     ToolContext,
@@ -20,6 +22,8 @@ from agentruns.tools.registry import (
 )
 
 __all__ = [
+    "CheckAnswer",
+    "CheckContext",
     "OutcomeUnknown",
     "Tool",
     "ToolContext",

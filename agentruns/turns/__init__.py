@@ -27,6 +27,7 @@ from agentruns.turns.calls import (
     canonical_json,
     turn_digest,
 )
+from agentruns.turns.checks import CheckStatus
 from agentruns.turns.pending import (
     PendingTurn,
     executing_digest,
@@ -59,6 +60,7 @@ __all__ = [
     "ApprovalDecision",
     "Call",
     "Change",
+    "CheckStatus",
     "Decision",
     "InputDecision",
     "LoopState",

@@ -30,6 +30,7 @@ from agentruns.models import (
     Status,
     TerminationReason,
 )
+from agentruns.services import dispatch
 from agentruns.services.runtime.decisions import apply_decision
 from agentruns.services.runtime.failures import (
     settle_internal_error,
@@ -399,16 +400,20 @@ class RunSegment(ProviderStep):
             return self._lost(at="tool", completed=[doubt])
         if stop := self._flush():
             return stop
+        check = dispatch.initial_check(self.gate.available(call.name))
         pending = PendingTurn.in_doubt(
             stamped,
             run_uuid=self.run.uuid,
             segment=self.lease.owner,
             lease_epoch=self.lease.epoch,
             reason=reason,
+            check=check,
         )
         if transitions.run_park_in_doubt(
             self.lease, pending_turn=pending, loop_state=self.state.to_json(), events=[doubt]
         ):
+            if check is not None:  # the call's tool checks whether it landed (§9.2)
+                dispatch.check_after_commit(str(self.run.uuid))
             if self.observer is not None:
                 self.observer(doubt)
             return Stop(Outcome.AWAITING_RECONCILIATION)
