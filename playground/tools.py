@@ -13,6 +13,7 @@ import time
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from agentruns import conf
@@ -29,6 +30,10 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 
 class NoteNotFound(LookupError):
     """No note with that id."""
+
+
+class DuplicateCall(ValueError):
+    """A note with this call's idempotency key exists already: the call ran before."""
 
 
 class WebhookRefused(PermissionError):
@@ -199,9 +204,17 @@ def check_create_note(context: CheckContext, arguments: dict[str, Any]) -> Check
 def create_note(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
     """Non-idempotent write: inserts one note, stamped with the call's idempotency key (unique:
     one note per call at most), and returns it."""
-    note = Note.objects.create(
-        title=arguments["title"], body=arguments["body"], idempotency_key=context.idempotency_key
-    )
+    try:
+        with transaction.atomic():
+            note = Note.objects.create(
+                title=arguments["title"],
+                body=arguments["body"],
+                idempotency_key=context.idempotency_key,
+            )
+    except IntegrityError:
+        raise DuplicateCall(
+            f"a note with the idempotency key {context.idempotency_key} exists: this call ran"
+        ) from None
     return _note_as_dict(note)
 
 
