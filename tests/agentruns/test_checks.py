@@ -6,6 +6,7 @@ same with real processes: ``test_crash_checks``)."""
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -29,6 +30,7 @@ from agentruns.tools import (
 )
 from agentruns.tools.registry import ToolDefinitionError
 from playground.models import Note
+from playground.tools import check_call_webhook
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 
 # Real commits: the check tasks are sent after commit, as in production.
@@ -382,3 +384,106 @@ def _clean_answers() -> Iterator[None]:
     yield
     ANSWERS.clear()
     SEEN.clear()
+
+
+# --- call_webhook: the status protocol against a real local receiver ------------------------------
+
+
+def webhook_in_doubt(receiver, **conf: Any) -> tuple[AgentRun, override_settings]:
+    """A webhook run approved inline whose POST the receiver holds past the tool timeout: the
+    outcome is unknown and the run is parked in doubt."""
+    allowed = override_settings(
+        AGENTRUNS={
+            **settings.AGENTRUNS,
+            "WEBHOOK_ALLOWLIST": [receiver.netloc],
+            "TOOL_TIMEOUT_SECONDS": 0.5,
+            **conf,
+        }
+    )
+    allowed.enable()
+    call = {"name": "call_webhook", "arguments": {"url": receiver.url(), "payload": {"n": 1}}}
+    configuration = AgentConfigurationFactory(
+        tools=[], script=[{"tool_calls": [call]}, {"content": "sent"}]
+    )
+    started = runs.run_start_sync(configuration=configuration, prompt="go")
+    runs.run_decide(
+        run_uuid=started.run.uuid,
+        actor=UserFactory(permissions=[DECIDE, "playground.approve_webhooks"]),
+        approved=True,
+        turn_digest=started.run.pending_turn["turn_digest"],
+        mode="inline",
+    )
+    run = row(started.run)
+    assert run.status == Status.WAITING_FOR_RECONCILIATION
+    assert run.pending_turn["reason"].startswith("outcome unknown")
+    return run, allowed
+
+
+def test_a_receiver_that_implements_the_get_settles_the_run_with_one_delivery(webhook_receiver):
+    run, allowed = webhook_in_doubt(webhook_receiver)
+    try:
+        assert check_tasks() == [((str(run.uuid), 1), False)]
+        assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "landed"
+        runs.run_process_queued(run_uuid=run.uuid)
+    finally:
+        allowed.disable()
+    assert row(run).status == Status.COMPLETED
+    [delivery] = webhook_receiver.deliveries
+    key = f"{run.uuid}:call_0_0"
+    assert delivery.key == key
+    [(header, query, token)] = webhook_receiver.questions
+    assert (header, query, token) == (key, key, delivery.fencing_token)
+    [verdict] = events(run, EventKind.RECONCILIATION)
+    assert verdict.payload["by"] == "check"
+    assert verdict.payload["evidence"] == 'GET answered {"landed": true}'
+    nobody_decided(run)
+
+
+def test_a_receiver_that_answers_500_leaves_the_run_to_a_person_with_the_answer(
+    webhook_receiver, inbox_client
+):
+    webhook_receiver.get_status = 500
+    run, allowed = webhook_in_doubt(webhook_receiver, RECONCILE_CHECKS=1)
+    try:
+        assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == (
+            "unknown: left to a person"
+        )
+    finally:
+        allowed.disable()
+    waiting = row(run)
+    assert waiting.status == Status.WAITING_FOR_RECONCILIATION
+    assert waiting.pending_turn["check"]["evidence"] == "GET answered 500: internal error"
+    assert len(webhook_receiver.deliveries) == 1
+    page = inbox_client.get(f"/admin/approvals/runs/{run.uuid}/").content.decode()
+    assert "GET answered 500: internal error" in page
+    assert "decide yourself" in page
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (b"not json", "GET answered 200 without JSON: not json"),
+        (b'{"landed": "yes"}', 'GET answered 200 without {"landed": true|false}'),
+    ],
+)
+def test_anything_but_the_protocol_is_unknown(http_recorder, answer, expected):
+    http_recorder.respond_with(200, answer)
+    context = CheckContext(
+        run_uuid=uuid.uuid4(),
+        call_id="c",
+        initiator_id=None,
+        fencing_token=1,
+        timeout_seconds=2,
+    )
+    with override_settings(
+        AGENTRUNS={**settings.AGENTRUNS, "WEBHOOK_ALLOWLIST": [http_recorder.netloc]}
+    ):
+        found = check_call_webhook(context, {"url": http_recorder.url("/hook?a=1")})
+    assert (found.verdict, found.evidence.startswith(expected)) == ("unknown", True)
+    [asked] = http_recorder.requests
+    assert asked.method == "GET"
+    assert asked.path == f"/hook?a=1&idempotency_key={context.run_uuid}%3Ac"
+    # A host no longer allowed is not asked at all.
+    gone = check_call_webhook(context, {"url": http_recorder.url()})
+    assert gone.verdict == "unknown" and gone.evidence.startswith("not asked:")
+    assert len(http_recorder.requests) == 1
