@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from agentruns.leases import EventSpec
+
 VERSION = 1
 GENESIS_PREFIX = "leasehold-ledger-v1:"
 #: The run column holding the chain's head.
@@ -126,14 +128,6 @@ class Link:
     hash: str
 
 
-class _Spec:
-    """What ``chain`` reads of an event to append (``agentruns.leases.EventSpec``)."""
-
-    kind: str
-    payload: dict[str, Any]
-    actor_id: int | None
-
-
 def chain(
     *,
     run_uuid: UUID | str,
@@ -141,7 +135,7 @@ def chain(
     first_sequence: int,
     segment: str,
     lease_epoch: int,
-    events: Iterable[_Spec],
+    events: Iterable[EventSpec],
 ) -> tuple[list[Link], str]:
     """The links of ``events`` appended after ``prev_hash``, numbered from ``first_sequence``
     and signed ``segment``/``lease_epoch``; and the new head."""

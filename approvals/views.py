@@ -16,6 +16,7 @@ from django.contrib import admin, messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -43,14 +44,14 @@ RECENT_PAGE_SIZE = 50
 # Decisions are recorded and handed to a worker (docs/design.md §5.8).
 DECISION_MODE = "queued"
 
-View = Callable[..., HttpResponse]
+View = Callable[..., HttpResponseBase]
 
 
 def decider_required(view: View) -> View:
     """Refuse (the admin's way: a redirect to its login page) anyone who may not decide runs."""
 
     @wraps(view)
-    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         if not request.user.has_perm(runs.DECIDE_PERMISSION):
             return redirect_to_login(request.get_full_path(), reverse("admin:login"))
         return view(request, *args, **kwargs)
@@ -159,7 +160,7 @@ def run_detail(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
 
 
 @require_GET
-def run_audit(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
+def run_audit(request: HttpRequest, run_uuid: UUID) -> HttpResponseBase:
     """The run's audit trail as a JSON Lines download (``agentruns.audit.export_lines``)."""
     try:
         run = selectors.run_get(run_uuid=run_uuid, user=request.user)
