@@ -45,21 +45,41 @@ def genesis(run_uuid: UUID | str) -> str:
     return hashlib.sha256(f"{GENESIS_PREFIX}{str(run_uuid).lower()}".encode("ascii")).hexdigest()
 
 
+def _json_key(key: Any) -> str:
+    """A dict key as ``json.dumps`` writes it (and so as the database gives it back)."""
+    if key is True or key is False or key is None:
+        return json.dumps(key)
+    return key if isinstance(key, str) else str(json.loads(json.dumps(key)))
+
+
 def _normalised(value: Any) -> Any:
-    """``value`` as it reads back from either database: whole floats as integers."""
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else value
-    if isinstance(value, dict):
-        return {key: _normalised(item) for key, item in value.items()}
-    if isinstance(value, list):
+    """``value`` as it reads back from either database after a JSON round trip — tuples as
+    lists, keys as strings — with whole floats as integers. One walk, no serialising: this runs
+    for every event a boundary appends."""
+    kind = type(value)
+    if kind is dict:
+        return {
+            (key if type(key) is str else _json_key(key)): _normalised(item)
+            for key, item in value.items()
+        }
+    if kind is list or kind is tuple:
         return [_normalised(item) for item in value]
+    if kind is float:
+        return int(value) if value.is_integer() else value
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if isinstance(value, dict):
+        return _normalised(dict(value))
+    if isinstance(value, list | tuple):
+        return [_normalised(item) for item in value]
+    if isinstance(value, float):
+        return _normalised(float(value))
     return value
 
 
 def canonical_payload(payload: Any) -> Any:
-    """The payload as the database will give it back: a JSON round trip (tuples become lists,
-    keys strings), whole floats as integers."""
-    return _normalised(json.loads(json.dumps(payload)))
+    """The payload as the database will give it back (``_normalised``)."""
+    return _normalised(payload)
 
 
 def canonical(
