@@ -26,6 +26,9 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from django.db.models import TextField
+from django.db.models.functions import Cast
+
 from agentruns import ledger
 from agentruns.models import AgentRun, AgentRunEvent
 
@@ -41,7 +44,7 @@ _EVENT_VALUES = (
     "run_id",
     "sequence",
     "kind",
-    "payload",
+    "payload_text",
     "segment",
     "lease_epoch",
     "actor_id",
@@ -84,6 +87,7 @@ class _Walk:
 
     def __init__(self, run_uuid: UUID, head: str) -> None:
         self.run_uuid = run_uuid
+        self.text_uuid = str(run_uuid)
         self.stored_head = head
         self.head = ledger.genesis(run_uuid)
         self.expected = 0
@@ -95,19 +99,24 @@ class _Walk:
     def feed(self, row: tuple[Any, ...]) -> None:
         if self.broken is not None:
             return
-        _, sequence, kind, payload, segment, epoch, actor_id, actor_ref, prev, stored = row
+        _, sequence, kind, text, segment, epoch, actor_id, actor_ref, prev, stored = row
         if sequence != self.expected:
             self._fail(self.expected, MISSING)
             return
+        try:
+            payload = ledger.payload_from_text(text)
+        except (TypeError, ValueError):
+            payload = None  # not JSON: it cannot give its hash
         computed = ledger.event_hash(
             prev,
-            run_uuid=self.run_uuid,
+            run_uuid=self.text_uuid,
             sequence=sequence,
             kind=kind,
             payload=payload,
             segment=segment,
             lease_epoch=epoch,
             actor_id=actor_ref,
+            normalised=True,
         )
         fits = computed == stored and actor_id in (None, actor_ref)
         if prev != self.head:
@@ -153,6 +162,8 @@ def verify(*, run_uuid: UUID | str | None = None, since: datetime | None = None)
         events = (
             AgentRunEvent.objects.filter(run_id__in=list(walks))
             .order_by("run_id", "sequence")
+            # The stored text, parsed once by ``ledger.payload_from_text`` (not by the field).
+            .annotate(payload_text=Cast("payload", TextField()))
             .values_list(*_EVENT_VALUES)
         )
         for row in events.iterator(chunk_size=EVENTS_PER_FETCH):
@@ -195,9 +206,20 @@ def export_lines(run: AgentRun) -> Iterator[str]:
             "events": total,
         }
     )
-    rows = events.values_list(*_EVENT_VALUES, "duration_ms", "created_at")
+    rows = events.values_list(
+        "sequence",
+        "kind",
+        "payload",
+        "segment",
+        "lease_epoch",
+        "actor_ref",
+        "prev_hash",
+        "hash",
+        "duration_ms",
+        "created_at",
+    )
     for row in rows.iterator(chunk_size=EVENTS_PER_FETCH):
-        _, sequence, kind, payload, segment, epoch, _, actor_ref, prev, stored, ms, at = row
+        sequence, kind, payload, segment, epoch, actor_ref, prev, stored, ms, at = row
         yield _line(
             {
                 "type": "event",

@@ -77,6 +77,17 @@ def _normalised(value: Any) -> Any:
     return value
 
 
+def _whole_or_float(text: str) -> Any:
+    number = float(text)
+    return int(number) if number.is_integer() else number
+
+
+def payload_from_text(text: str) -> Any:
+    """A payload's stored JSON text parsed canonically (whole floats as integers) in one pass of
+    the C parser: what the verification reads, much faster than decoding and then walking."""
+    return json.loads(text, parse_float=_whole_or_float)
+
+
 def canonical_payload(payload: Any) -> Any:
     """The payload as the database will give it back (``_normalised``)."""
     return _normalised(payload)
@@ -124,15 +135,17 @@ def event_hash(
     segment: str,
     lease_epoch: int,
     actor_id: int | None,
+    normalised: bool = False,
 ) -> str:
-    """The hash of an event as stored (``payload`` as read back from the database)."""
+    """The hash of an event as stored (``payload`` as read back from the database; already
+    canonical with ``normalised``, e.g. from ``payload_from_text``)."""
     return link(
         prev_hash,
         canonical(
             run_uuid=run_uuid,
             sequence=sequence,
             kind=kind,
-            payload=_normalised(payload),
+            payload=payload if normalised else _normalised(payload),
             segment=segment,
             lease_epoch=lease_epoch,
             actor_id=actor_id,
