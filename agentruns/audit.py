@@ -26,7 +26,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db.models import TextField
+from django.db import connection
+from django.db.models import QuerySet, TextField
 from django.db.models.functions import Cast
 
 from agentruns import ledger
@@ -166,7 +167,7 @@ def verify(*, run_uuid: UUID | str | None = None, since: datetime | None = None)
             .annotate(payload_text=Cast("payload", TextField()))
             .values_list(*_EVENT_VALUES)
         )
-        for row in events.iterator(chunk_size=EVENTS_PER_FETCH):
+        for row in _raw_rows(events):
             walks[row[0]].feed(row)
             report.events += 1
         for walk in walks.values():
@@ -174,6 +175,16 @@ def verify(*, run_uuid: UUID | str | None = None, since: datetime | None = None)
             broken = walk.finish()
             if broken is not None:
                 report.broken.append(broken)
+
+
+def _raw_rows(queryset: QuerySet[Any, Any]) -> Iterator[tuple[Any, ...]]:
+    """The rows of ``queryset`` as the database driver gives them, fetched in chunks through
+    a server-side cursor where the backend has one: no per-row conversion, flat memory."""
+    sql, params = queryset.query.sql_with_params()
+    with connection.chunked_cursor() as cursor:
+        cursor.execute(sql, params)
+        while rows := cursor.fetchmany(EVENTS_PER_FETCH):
+            yield from rows
 
 
 # --- Export --------------------------------------------------------------------------------------
