@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.test import override_settings
+from django.test import Client, override_settings
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
@@ -316,6 +316,7 @@ def test_the_card_says_a_check_is_running_and_a_person_may_still_decide(inbox_cl
         page = inbox_client.get(f"/admin/approvals/runs/{run.uuid}/").content.decode()
         assert "The automatic check could not tell; it asks again at" in page
         assert "said unknown" in page
+        assert "Automatic check 1: unknown (said unknown)" in page  # the timeline
 
 
 def test_a_landed_check_gives_the_model_its_result():
@@ -437,6 +438,11 @@ def test_a_receiver_that_implements_the_get_settles_the_run_with_one_delivery(we
     assert verdict.payload["by"] == "check"
     assert verdict.payload["evidence"] == 'GET answered {"landed": true}'
     nobody_decided(run)
+    client = Client()
+    client.force_login(UserFactory(is_staff=True, permissions=[DECIDE]))
+    timeline = client.get(f"/admin/approvals/runs/{run.uuid}/").content.decode()
+    assert "Reconciled by the automatic check: the call took effect" in timeline
+    assert "the automatic check" in timeline
 
 
 def test_a_receiver_that_answers_500_leaves_the_run_to_a_person_with_the_answer(
