@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -47,6 +47,7 @@ from agentruns.turns import (
     ReconciliationDecision,
 )
 from agentruns.turns.checks import (
+    CHECKING,
     ERROR,
     REFUSED,
     RETRYING,
@@ -135,15 +136,24 @@ def _backoff(attempt: int) -> float:
     return float(conf.get("RETRY_BACKOFF_SECONDS")) * 2 ** (attempt - 1)
 
 
+def _abandoned(check: CheckStatus, now: datetime) -> bool:
+    """A check that started long enough ago that its worker must have died mid-check."""
+    grace = float(conf.get("TOOL_TIMEOUT_SECONDS")) + float(conf.get("REDISPATCH_SECONDS"))
+    return check.started_at is None or check.started_at < now - timedelta(seconds=grace)
+
+
 def _start(run_uuid: UUID | str, attempt: int) -> PendingTurn | None:
-    """Mark ``attempt`` as running (a compare-and-set: only the attempt due starts)."""
+    """Mark ``attempt`` as running (a compare-and-set: only the attempt due starts, or the same
+    attempt again when the worker running it died long ago)."""
     now = timezone.now()
 
     def change(pending: PendingTurn) -> CheckStatus | None:
         check = pending.check
-        if check is None or check.state not in (SCHEDULED, RETRYING):
+        if check is None or attempt > check.limit:
             return None
-        if check.attempts != attempt - 1 or attempt > check.limit:
+        due = check.state in (SCHEDULED, RETRYING) and check.attempts == attempt - 1
+        died = check.state == CHECKING and check.attempts == attempt and _abandoned(check, now)
+        if not (due or died):
             return None
         return check.started(attempt=attempt, at=now)
 
@@ -277,3 +287,38 @@ def run_check_in_doubt(*, run_uuid: UUID | str, attempt: int = 1) -> str:
         evidence=evidence,
         retry=attempt < started.check.limit,
     )
+
+
+def redispatch_due(*, limit: int = 500) -> int:
+    """Send the check task again for runs whose check should have moved by now: scheduled or
+    retrying, and due for ``REDISPATCH_SECONDS`` (its task was lost: the broker was down when it
+    was sent); or checking for longer than the tool timeout and ``REDISPATCH_SECONDS`` (its
+    worker died). Duplicates are harmless: an attempt starts once. Called by the reaper's pass;
+    returns how many were sent."""
+    now = timezone.now()
+    slack = timedelta(seconds=float(conf.get("REDISPATCH_SECONDS")))
+    candidates = AgentRun.objects.filter(
+        status=Status.WAITING_FOR_RECONCILIATION,
+        pending_turn__check__state__in=[SCHEDULED, RETRYING, CHECKING],
+        updated_at__lt=now - slack,
+    ).values_list("uuid", "pending_turn")[:limit]
+    sent = 0
+    for run_uuid, stored in candidates:
+        check = CheckStatus.parse(stored.get("check") if isinstance(stored, dict) else None)
+        if check is None:
+            continue
+        if check.state == CHECKING:
+            if not _abandoned(check, now):
+                continue
+            attempt = check.attempts
+        else:
+            if check.next_at is not None and check.next_at > now - slack:
+                continue
+            attempt = check.attempts + 1
+        try:
+            dispatch.send_check(str(run_uuid), attempt=attempt)
+        except Exception:
+            logger.exception("reaper: could not resend the check of run %s", run_uuid)
+            continue
+        sent += 1
+    return sent

@@ -16,7 +16,9 @@ Runs are taken in batches, each one transaction under ``SELECT … FOR UPDATE SK
 reapers never handle one run; on SQLite the IMMEDIATE transaction serialises them instead), and
 every state change is a guarded transition that re-checks staleness in its own ``UPDATE``: a
 holder that renewed its lease meanwhile keeps its run (verdict ``skipped``). Every verdict is a
-``reaper`` event. Then queued runs nobody claimed for ``REDISPATCH_SECONDS`` get a fresh wake-up.
+``reaper`` event. Then queued runs nobody claimed for ``REDISPATCH_SECONDS`` get a fresh wake-up,
+and in-doubt runs whose tool's check stalled (its task lost, or its worker died) get the check
+task again (``checks.redispatch_due``).
 
 Owns no state of its own and never executes a run: it only settles or hands runs back.
 """
@@ -35,7 +37,7 @@ from agentruns.exceptions import StateWriteFailed
 from agentruns.identity import reaper_identity
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
-from agentruns.services import dispatch
+from agentruns.services import checks, dispatch
 from agentruns.services.runtime.transcript import NotRehydratable, rehydrate
 from agentruns.tools import registry
 from agentruns.turns import PendingTurn
@@ -107,6 +109,7 @@ class ReaperReport:
     dry_run: bool = False
     verdicts: list[RunVerdict] = field(default_factory=list)
     redispatched: int = 0
+    checks_redispatched: int = 0  # check tasks of in-doubt runs sent again (docs/design.md §9.2)
 
     def count(self, verdict: str) -> int:
         return sum(1 for v in self.verdicts if v.verdict == verdict)
@@ -124,7 +127,10 @@ class ReaperReport:
         )
         if self.dry_run:
             return text + " (dry run: nothing changed)"
-        return text + f"; redispatched {self.redispatched} unclaimed queued run(s)"
+        text += f"; redispatched {self.redispatched} unclaimed queued run(s)"
+        if self.checks_redispatched:
+            text += f", {self.checks_redispatched} lost check(s) of in-doubt runs"
+        return text
 
 
 def rule_for(run: AgentRun) -> tuple[str, str]:
@@ -353,4 +359,5 @@ def reap_stale_runs(
             break
     if redispatch and not dry_run:
         report.redispatched = redispatch_unclaimed(identity=identity)
+        report.checks_redispatched = checks.redispatch_due()
     return report

@@ -493,3 +493,33 @@ def test_anything_but_the_protocol_is_unknown(http_recorder, answer, expected):
     gone = check_call_webhook(context, {"url": http_recorder.url()})
     assert gone.verdict == "unknown" and gone.evidence.startswith("not asked:")
     assert len(http_recorder.requests) == 1
+
+
+# --- A check that stalls --------------------------------------------------------------------------
+
+
+def test_the_reaper_resends_a_lost_check_and_restarts_one_whose_worker_died():
+    with scripted_check(["unknown", "landed"]) as run:
+        OrmQ.objects.all().delete()  # the task was lost
+        assert reaper.reap_stale_runs().checks_redispatched == 0  # not due yet
+        AgentRun.objects.filter(pk=run.pk).update(updated_at=timezone.now() - timedelta(hours=1))
+        report = reaper.reap_stale_runs()
+        assert report.checks_redispatched == 1
+        assert "1 lost check(s) of in-doubt runs" in report.summary()
+        assert check_tasks() == [((str(run.uuid), 1), False)]
+        OrmQ.objects.all().delete()
+
+        # A worker starts attempt 1 and dies mid-check: the card says checking.
+        assert checks._start(run.uuid, 1) is not None
+        assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "nothing to check"
+        stored = row(run).pending_turn
+        assert stored["check"]["state"] == "checking"
+        long_ago = (timezone.now() - timedelta(hours=1)).isoformat()
+        stored["check"]["started_at"] = long_ago
+        AgentRun.objects.filter(pk=run.pk).update(
+            pending_turn=stored, updated_at=timezone.now() - timedelta(hours=1)
+        )
+        assert reaper.reap_stale_runs().checks_redispatched == 1
+        assert check_tasks() == [((str(run.uuid), 1), False)]  # the same attempt again
+        assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "unknown: retrying"
+        assert len(SEEN) == 1
