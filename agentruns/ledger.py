@@ -114,7 +114,7 @@ def canonical(
     """The canonical JSON text of one event (``payload`` already canonical)."""
     return _encode(
         {
-            "run": str(run_uuid).lower(),
+            "run": run_uuid.lower() if isinstance(run_uuid, str) else str(run_uuid),
             "sequence": sequence,
             "kind": str(kind),
             "payload": payload,
@@ -179,9 +179,10 @@ def chain(
     and signed ``segment``/``lease_epoch``; and the new head."""
     links = []
     head = prev_hash
+    run_text = str(run_uuid).lower()
     for sequence, spec in enumerate(events, start=first_sequence):
         text = canonical(
-            run_uuid=run_uuid,
+            run_uuid=run_text,
             sequence=sequence,
             kind=str(spec.kind),
             payload=canonical_payload(spec.payload),
