@@ -22,6 +22,7 @@ from agentruns import selectors
 from agentruns.authority import approval_authority
 from agentruns.exceptions import InvalidInput, InvalidRequest, LeaseholdError, RunNotFound
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
+from agentruns.jsonview import pretty_arguments
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun
 from agentruns.services import runs
@@ -79,7 +80,7 @@ def _pending_context(
                 "name": c.name,
                 "effect": c.effect,
                 "is_write": c.is_write,
-                "args": trace.pretty(c.arguments),
+                "args": pretty_arguments(c.arguments),
                 "preview": c.preview,
             }
             for c in turn.calls
@@ -89,7 +90,10 @@ def _pending_context(
             user=reader, configuration=run.configuration, pending=turn
         )
     elif turn.kind == INPUT and turn.call is not None:
-        context["input_call"] = {"name": turn.call.name, "args": trace.pretty(turn.call.arguments)}
+        context["input_call"] = {
+            "name": turn.call.name,
+            "args": pretty_arguments(turn.call.arguments),
+        }
         spec: InputSpec | None
         form: InputValuesForm | None
         if input_form is not None:  # a posted form, re-shown with its errors

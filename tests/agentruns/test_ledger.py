@@ -298,7 +298,7 @@ def test_the_schema_documents_the_audit_endpoint():
 
 # --- The migration fills the chain for existing runs ---------------------------------------------
 
-BEFORE_THE_LEDGER = ("agentruns", "0009_agentrun_updated_at_on_the_database_clock")
+BEFORE_THE_LEDGER = ("agentruns", "0010_mcpserver_read_only_tools")
 
 
 def migrate(targets: list[tuple[str, str]]) -> None:

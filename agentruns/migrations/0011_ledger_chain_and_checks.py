@@ -59,7 +59,7 @@ def fill_the_chain(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentruns', '0009_agentrun_updated_at_on_the_database_clock'),
+        ('agentruns', '0010_mcpserver_read_only_tools'),
     ]
 
     operations = [
