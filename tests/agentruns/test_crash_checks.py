@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from django.test import Client
 
+from agentruns import audit
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status
 from agentruns.services import reaper, runs
 from agentruns.services.reaper import Rule, Verdict
@@ -287,6 +288,9 @@ def test_chaos_every_in_doubt_run_with_a_check_ends_without_a_person(processes):
     reconciled = {run.uuid for run in made if events(run, EventKind.RECONCILIATION)}
     assert reconciled == in_doubt
     assert in_doubt, "no kill landed inside a write: the variant tested nothing"
+    # Kills, the reaper, checks and decisions all appended events: every chain still holds.
+    ledger_report = audit.verify()
+    assert ledger_report.intact, [b.line() for b in ledger_report.broken]
     landed = sum(
         Note.objects.filter(idempotency_key__startswith=f"{u}:").exists() for u in in_doubt
     )
