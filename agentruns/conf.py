@@ -33,6 +33,10 @@ DEFAULTS: dict[str, Any] = {
     "REDISPATCH_SECONDS": 120,
     # First retry delay; doubled on every retry (exponential backoff).
     "RETRY_BACKOFF_SECONDS": 2,
+    # How many times in all a tool's automatic check asks whether an in-doubt write landed when
+    # it cannot tell (unknown, an error, a timeout): retried with the RETRY_BACKOFF_SECONDS
+    # backoff, then left to a person. 0 switches checks off.
+    "RECONCILE_CHECKS": 3,
     # Hosts (or host:port) call_webhook may POST to. Anything else is refused unsent.
     "WEBHOOK_ALLOWLIST": [],
     # Whether MCP servers may be started as local processes (stdio transport).

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 class Lease:
     """A segment's hold on a run: the identity and fencing token every guarded write carries.
 
-    ``next_sequence`` is the segment's event counter. While the lease is held nobody else
-    appends events (decisions need a waiting run, the reaper a stale one), so it stays exact.
+    ``next_sequence`` is the segment's event counter and ``head`` the hash of the run's last
+    event (``agentruns.ledger``). While the lease is held nobody else appends events (decisions
+    need a waiting run, the reaper a stale one), so both stay exact. ``head`` ``None``: not
+    known yet; the next write with events reads it from the row.
     """
 
     run_id: int
@@ -28,6 +30,7 @@ class Lease:
     owner: str
     epoch: int
     next_sequence: int
+    head: str | None = None
 
 
 @dataclass

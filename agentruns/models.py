@@ -83,6 +83,9 @@ class EventKind(models.TextChoices):
     ERROR = "error", "error"
     # A non-idempotent write's outcome is unknown (its tool said so): the run waits for a person.
     IN_DOUBT = "in_doubt", "outcome unknown"
+    # A tool's automatic check of an in-doubt write answered unknown, failed or timed out; a
+    # landed / not landed answer is a ``reconciliation`` event (``by: "check"``) instead.
+    CHECK = "check", "automatic check"
 
 
 class Segment(models.TextChoices):
@@ -203,6 +206,9 @@ class AgentRun(models.Model):
     # redispatch compares it with the database clock (docs/design.md §8.4). Not ``auto_now``,
     # which stamps the app server's clock.
     updated_at = models.DateTimeField(db_default=Now())
+    # The hash of the run's last event (``agentruns.ledger``): written with every event, in the
+    # same guarded statement or transaction, so removing the last events is detected too.
+    ledger_head = models.CharField(max_length=64, blank=True, default="", editable=False)
 
     class Meta:
         ordering = ["-created_at"]
@@ -228,7 +234,8 @@ class AgentRun(models.Model):
 
 
 class AgentRunEvent(models.Model):
-    """One step of a run. Append-only; ``(run, sequence)`` is unique so no two writers agree."""
+    """One step of a run. Append-only; ``(run, sequence)`` is unique so no two writers agree;
+    ``prev_hash``/``hash`` chain the run's events (``agentruns.ledger``)."""
 
     run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="events")
     sequence = models.PositiveIntegerField()
@@ -246,6 +253,12 @@ class AgentRunEvent(models.Model):
         help_text="Who decided (approval, input, reconciliation, cancel).",
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    # The actor's id as recorded, kept when the account is deleted (``actor`` becomes null): the
+    # chain covers it, and ``actor`` must be it or null.
+    actor_ref = models.PositiveIntegerField(null=True, blank=True, editable=False)
+    # The tamper-evident chain (agentruns.ledger): the previous event's hash and this one's.
+    prev_hash = models.CharField(max_length=64, blank=True, default="", editable=False)
+    hash = models.CharField(max_length=64, blank=True, default="", editable=False)
 
     class Meta:
         ordering = ["run", "sequence"]

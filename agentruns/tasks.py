@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentruns import conf
-from agentruns.services import reaper, retention, runs
+from agentruns.services import checks, reaper, retention, runs
 
 
 def process_run(run_uuid: str) -> str:
@@ -24,3 +24,8 @@ def purge_old_runs() -> str:
 def reap_stale_runs() -> str:
     """The scheduled reaper pass (``setup_schedules``); returns its summary line."""
     return reaper.reap_stale_runs().summary()
+
+
+def check_in_doubt(run_uuid: str, attempt: int = 1) -> str:
+    """A tool's automatic check of a run's in-doubt write; a no-op when nothing is due."""
+    return checks.run_check_in_doubt(run_uuid=run_uuid, attempt=int(attempt))

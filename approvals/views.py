@@ -15,13 +15,14 @@ from uuid import UUID
 from django.contrib import admin, messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from agentruns import selectors
+from agentruns import audit, selectors
 from agentruns.authority import Decider
 from agentruns.exceptions import (
     InvalidInput,
@@ -43,14 +44,14 @@ RECENT_PAGE_SIZE = 50
 # Decisions are recorded and handed to a worker (docs/design.md §5.8).
 DECISION_MODE = "queued"
 
-View = Callable[..., HttpResponse]
+View = Callable[..., HttpResponseBase]
 
 
 def decider_required(view: View) -> View:
     """Refuse (the admin's way: a redirect to its login page) anyone who may not decide runs."""
 
     @wraps(view)
-    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         if not request.user.has_perm(runs.DECIDE_PERMISSION):
             return redirect_to_login(request.get_full_path(), reverse("admin:login"))
         return view(request, *args, **kwargs)
@@ -156,6 +157,19 @@ def run_detail(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
         card=card_for(run, reader=Decider(request.user)),
         next_url=request.get_full_path(),
     )
+
+
+@require_GET
+def run_audit(request: HttpRequest, run_uuid: UUID) -> HttpResponseBase:
+    """The run's audit trail as a JSON Lines download (``agentruns.audit.export_lines``)."""
+    try:
+        run = selectors.run_get(run_uuid=run_uuid, user=request.user)
+    except LeaseholdError as exc:
+        messages.error(request, feedback.refusal_message(exc))
+        return HttpResponseRedirect(reverse("approvals:inbox"))
+    response = StreamingHttpResponse(audit.export_lines(run), content_type="application/jsonl")
+    response["Content-Disposition"] = f'attachment; filename="{audit.export_filename(run)}"'
+    return response
 
 
 # --- Decisions (POST, then redirect) ------------------------------------------------------------

@@ -23,6 +23,11 @@ A round runs from one ``request`` event to the next; the closing provider call i
 With ``--json`` the last line is one JSON object: ``{"database": "postgresql"|"sqlite", "read":
 {"statements_per_round", "ms_per_round", "raw_replay_ms", "ratio_to_raw_replay"}, "write": {…the
 same keys}}`` (medians; the raw replay is the round's own statements through the driver).
+
+The ledger's cost (issue 13: at most 5 % of a round): the time spent computing the hash chain
+(``agentruns.ledger.chain``) is measured inside every timed round, and the same rounds are timed
+again with the chain replaced by placeholder links (the same columns and bytes written, nothing
+hashed), alternated run by run so that both see the same machine load.
 """
 
 from __future__ import annotations
@@ -158,6 +163,37 @@ def one_run(workload: str, rounds: int, clock: RoundClock, approver: Any, config
     return result.outcome
 
 
+class LedgerCost:
+    """Times ``ledger.chain`` (the hashing of a round's events) and can switch the hashing off
+    for an A/B comparison: placeholder links of the same length, so the writes are the same."""
+
+    def __init__(self) -> None:
+        from agentruns import ledger
+
+        self.ledger = ledger
+        self.real = ledger.chain
+        self.spent = 0.0
+
+    def _timed(self, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return self.real(**kwargs)
+        finally:
+            self.spent += time.perf_counter() - started
+
+    def _unhashed(self, *, events: Any, **kwargs: Any) -> Any:
+        filler = "0" * 64
+        return [self.ledger.Link(filler, filler) for _ in events], filler
+
+    @contextmanager
+    def hashing(self, on: bool) -> Iterator[None]:
+        self.ledger.chain = self._timed if on else self._unhashed  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            self.ledger.chain = self.real  # type: ignore[assignment]
+
+
 @dataclass
 class RoundStats:
     times_ms: list[float] = field(default_factory=list)
@@ -166,6 +202,8 @@ class RoundStats:
     example: list[str] = field(default_factory=list)
     raw_ms: list[float] = field(default_factory=list)
     replay_ms: list[float] = field(default_factory=list)
+    chain_ms: list[float] = field(default_factory=list)  # hashing per round (timed runs)
+    unhashed_ms: list[float] = field(default_factory=list)  # rounds with the hashing off
 
 
 def kind_of(sql: str) -> str:
@@ -214,12 +252,22 @@ def time_rounds(
     state = padded_json(int(statistics.median(stats.sql_lengths["UPDATE"] or [400])) // 2)
     payload = padded_json(int(statistics.median(stats.sql_lengths["INSERT"] or [400])) // 2)
     kinds = [kind_of(sql) for sql in stats.example]
+    cost = LedgerCost()
     for _ in range(runs):
         clock = RoundClock()
-        outcome = one_run(workload, rounds, clock, approver, config)
+        cost.spent = 0.0
+        with cost.hashing(True):
+            outcome = one_run(workload, rounds, clock, approver, config)
         assert outcome == "completed", outcome
         times = [t for t, _ in clock.marks]
         stats.times_ms.extend((b - a) * 1000 for a, b in itertools.pairwise(times))
+        # The run's hashing spread over its rounds (its births and decisions included).
+        stats.chain_ms.append(cost.spent * 1000 / max(1, len(times) - 1))
+        unhashed = RoundClock()
+        with cost.hashing(False):
+            assert one_run(workload, rounds, unhashed, approver, config) == "completed"
+        marks = [t for t, _ in unhashed.marks]
+        stats.unhashed_ms.extend((b - a) * 1000 for a, b in itertools.pairwise(marks))
         for _ in range(len(times) - 1):
             stats.raw_ms.append(
                 baseline.round_ms(updates=updates, inserts=inserts, state=state, payload=payload)
@@ -376,6 +424,15 @@ def report(workload: str, stats: RoundStats) -> dict[str, Any]:
     print(
         f"  lease/fence accounting: {lease_updates} owner-guarded UPDATE(s) of the run row "
         f"(boundaries, suspend, fence stamp) beside {inserts} event INSERT(s) in the example round"
+    )
+    chain_ms = statistics.median(stats.chain_ms)
+    unhashed_ms = statistics.median(stats.unhashed_ms)
+    share = chain_ms / runtime_ms * 100 if runtime_ms else 0.0
+    added = (runtime_ms - unhashed_ms) / unhashed_ms * 100 if unhashed_ms else 0.0
+    print(
+        f"  ledger: hashing {chain_ms:.3f} ms per round = {share:.1f} % of the round; rounds "
+        f"without hashing (alternated in the same run): median {unhashed_ms:.2f} ms -> hashing "
+        f"adds {added:+.1f} %  (goal <= 5 %: {'met' if max(share, added) <= 5 else 'NOT met'})"
     )
     print("  one round's statements, in order:")
     for sql in stats.example:

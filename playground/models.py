@@ -6,6 +6,11 @@ class Note(models.Model):
 
     title = models.CharField(max_length=200)
     body = models.TextField(blank=True)
+    # The idempotency key of the create_note call that made it (``<run uuid>:<call id>``): its
+    # check looks it up to tell whether an in-doubt call landed. Null for notes made otherwise.
+    idempotency_key = models.CharField(
+        max_length=255, null=True, blank=True, unique=True, editable=False
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -11,13 +11,14 @@ import http.client
 import json
 import time
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from agentruns import conf
 from agentruns.models import Effect
-from agentruns.tools import OutcomeUnknown, Tool, ToolContext, tool
+from agentruns.tools import CheckAnswer, CheckContext, OutcomeUnknown, Tool, ToolContext, tool
 from agentruns.turns import Change, Preview
 from playground.models import Note
 
@@ -29,6 +30,10 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 
 class NoteNotFound(LookupError):
     """No note with that id."""
+
+
+class DuplicateCall(ValueError):
+    """A note with this call's idempotency key exists already: the call ran before."""
 
 
 class WebhookRefused(PermissionError):
@@ -169,6 +174,17 @@ def update_note(context: ToolContext, arguments: dict[str, Any]) -> dict[str, An
     return _note_as_dict(_get_note(arguments["id"]))
 
 
+def check_create_note(context: CheckContext, arguments: dict[str, Any]) -> CheckAnswer:
+    """Landed when a note carries the call's idempotency key (that note is the result the model
+    sees); not landed otherwise — the insert commits with its key or not at all."""
+    note = Note.objects.filter(idempotency_key=context.idempotency_key).first()
+    if note is None:
+        return CheckAnswer.not_landed(f"no note carries the key {context.idempotency_key}")
+    return CheckAnswer.landed(
+        f"note {note.pk} carries the key {context.idempotency_key}", result=_note_as_dict(note)
+    )
+
+
 @tool(
     name="create_note",
     description="Create a new note. Each call creates another note, even with the same text.",
@@ -183,10 +199,22 @@ def update_note(context: ToolContext, arguments: dict[str, Any]) -> dict[str, An
         "additionalProperties": False,
     },
     preview=preview_create_note,
+    check=check_create_note,
 )
 def create_note(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
-    """Non-idempotent write: inserts one note and returns it."""
-    note = Note.objects.create(title=arguments["title"], body=arguments["body"])
+    """Non-idempotent write: inserts one note, stamped with the call's idempotency key (unique:
+    one note per call at most), and returns it."""
+    try:
+        with transaction.atomic():
+            note = Note.objects.create(
+                title=arguments["title"],
+                body=arguments["body"],
+                idempotency_key=context.idempotency_key,
+            )
+    except IntegrityError:
+        raise DuplicateCall(
+            f"a note with the idempotency key {context.idempotency_key} exists: this call ran"
+        ) from None
     return _note_as_dict(note)
 
 
@@ -228,6 +256,64 @@ def webhook_target(url: str, allowlist: list[str]) -> str:
     raise WebhookRefused(f"host {explicit!r} is not in AGENTRUNS['WEBHOOK_ALLOWLIST']; not sent")
 
 
+def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    parts = urlsplit(url)
+    connection_class = (
+        http.client.HTTPSConnection
+        if parts.scheme.lower() == "https"
+        else http.client.HTTPConnection
+    )
+    # No proxies, no redirects: the allowlist names where the bytes go.
+    connection = connection_class(parts.hostname or "", parts.port, timeout=timeout)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return connection, path
+
+
+def check_call_webhook(context: CheckContext, arguments: dict[str, Any]) -> CheckAnswer:
+    """The webhook status protocol (README): ``GET`` the same URL with the ``Idempotency-Key``
+    header and ``?idempotency_key=<key>``; a 200 JSON ``{"landed": true|false}`` is the verdict.
+    Anything else — another status, no JSON, no answer in time, a host no longer allowed — is
+    unknown (a person decides)."""
+    url = str(arguments.get("url"))
+    try:
+        webhook_target(url, list(conf.get("WEBHOOK_ALLOWLIST")))
+    except WebhookRefused as refused:
+        return CheckAnswer.unknown(f"not asked: {refused}")
+    connection, path = _connection(url, context.timeout_seconds)
+    query = urlencode({"idempotency_key": context.idempotency_key})
+    path += ("&" if "?" in path else "?") + query
+    try:
+        connection.request(
+            "GET",
+            path,
+            headers={
+                "Accept": "application/json",
+                "Idempotency-Key": context.idempotency_key,
+                "X-Fencing-Token": str(context.fencing_token),
+            },
+        )
+        response = connection.getresponse()
+        raw = response.read(WEBHOOK_BODY_CHARS * 4 + 1)
+    except (OSError, http.client.HTTPException) as exc:
+        return CheckAnswer.unknown(f"no answer to GET {path}: {type(exc).__name__}: {exc}")
+    finally:
+        connection.close()
+    text = raw.decode("utf-8", errors="replace")[:200]
+    if response.status != 200:
+        return CheckAnswer.unknown(f"GET answered {response.status}: {text}")
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        return CheckAnswer.unknown(f"GET answered 200 without JSON: {text}")
+    landed = answer.get("landed") if isinstance(answer, dict) else None
+    if not isinstance(landed, bool):
+        return CheckAnswer.unknown(f'GET answered 200 without {{"landed": true|false}}: {text}')
+    evidence = f"GET answered {text}"
+    if landed:
+        return CheckAnswer.landed(evidence, result={"status": 200, "checked": answer})
+    return CheckAnswer.not_landed(evidence)
+
+
 @tool(
     name="call_webhook",
     description=(
@@ -253,6 +339,7 @@ def webhook_target(url: str, allowlist: list[str]) -> str:
         "additionalProperties": False,
     },
     preview=preview_call_webhook,
+    check=check_call_webhook,
 )
 def call_webhook(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
     """Non-idempotent write. Checks the URL against ``WEBHOOK_ALLOWLIST`` (read now) before any
@@ -262,15 +349,7 @@ def call_webhook(context: ToolContext, arguments: dict[str, Any]) -> dict[str, A
     may have been sent raises ``OutcomeUnknown``: the run waits for reconciliation."""
     url = arguments["url"]
     webhook_target(url, list(conf.get("WEBHOOK_ALLOWLIST")))
-    parts = urlsplit(url)
-    connection_class = (
-        http.client.HTTPSConnection
-        if parts.scheme.lower() == "https"
-        else http.client.HTTPConnection
-    )
-    # No proxies, no redirects: the allowlist names where the bytes go.
-    connection = connection_class(parts.hostname or "", parts.port, timeout=context.timeout_seconds)
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    connection, path = _connection(url, context.timeout_seconds)
     try:
         connection.connect()
     except OSError as exc:

@@ -139,6 +139,27 @@ class CallSerializer(serializers.Serializer):
     preview_failed = serializers.CharField(allow_null=True)
 
 
+class CheckStatusSerializer(serializers.Serializer):
+    """Where the tool's automatic check of an in-doubt call stands (docs/design.md §9.2)."""
+
+    state = serializers.ChoiceField(
+        choices=["scheduled", "checking", "retrying", "left_to_person"],
+        help_text="scheduled / checking / retrying: the check may still settle the run (a "
+        "person may decide first); left_to_person: no more checks, a person decides.",
+    )
+    attempts = serializers.IntegerField(help_text="Checks started so far.")
+    limit = serializers.IntegerField(help_text="Checks allowed in all (RECONCILE_CHECKS).")
+    answer = serializers.CharField(
+        allow_blank=True,
+        help_text="The last answer that settled nothing: unknown, error, timeout or refused "
+        "(a verdict the run could not take); empty before the first.",
+    )
+    evidence = serializers.CharField(allow_blank=True, help_text="What the check said.")
+    started_at = serializers.DateTimeField(allow_null=True)
+    answered_at = serializers.DateTimeField(allow_null=True)
+    next_at = serializers.DateTimeField(allow_null=True, help_text="When the next check is due.")
+
+
 class PendingTurnSerializer(serializers.Serializer):
     """What a human decides on. ``calls`` holds the calls of the turn (approval), the call asking
     for input (input) or the call in flight when its segment died (reconciliation). A stored turn
@@ -163,6 +184,10 @@ class PendingTurnSerializer(serializers.Serializer):
         allow_blank=True,
         help_text="reconciliation: why the outcome is unknown when the tool said so (a timeout "
         "after the request was sent); empty when the segment died.",
+    )
+    check = CheckStatusSerializer(
+        allow_null=True,
+        help_text="reconciliation: the tool's automatic check, when its tool declares one.",
     )
 
 
@@ -194,6 +219,7 @@ def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
         "idempotency_key": pending.idempotency_key if pending.kind == RECONCILIATION else None,
         "problem": pending.problem,
         "reason": pending.reason,
+        "check": pending.check.to_json() if pending.check is not None else None,
     }
 
 

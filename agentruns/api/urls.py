@@ -28,6 +28,7 @@ urlpatterns = [
         name="run-reconciliation",
     ),
     path("runs/<str:uuid>/cancel/", views.RunCancelView.as_view(), name="run-cancel"),
+    path("runs/<str:uuid>/audit/", views.RunAuditView.as_view(), name="run-audit"),
     path("schema/", SpectacularAPIView.as_view(**_STAFF), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema", **_STAFF), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api:schema", **_STAFF), name="redoc"),

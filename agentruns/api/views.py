@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -27,7 +28,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agentruns import selectors
+from agentruns import audit, selectors
 from agentruns.api import serializers as s
 from agentruns.api.parsers import StrictJSONParser
 from agentruns.services import runs
@@ -228,3 +229,31 @@ class RunCancelView(LeaseholdAPIView):
     def post(self, request: Request, uuid: str) -> Response:
         cancelled = runs.run_cancel(run_uuid=uuid, actor=request.user, note="cancelled via API")
         return Response({"cancelled": cancelled})
+
+
+AUDIT_MEDIA_TYPE = "application/jsonl"
+
+
+class RunAuditView(LeaseholdAPIView):
+    @extend_schema(
+        operation_id="runs_audit",
+        parameters=[UUID_PARAMETER],
+        responses={
+            (200, AUDIT_MEDIA_TYPE): OpenApiResponse(
+                OpenApiTypes.STR,
+                description="JSON Lines: a run line {type: run, format, run, status, head, "
+                "events}, then one event line per event {type: event, run, sequence, kind, "
+                "payload, segment, lease_epoch, actor, prev_hash, hash, duration_ms, "
+                "created_at} up to the event the head names.",
+            ),
+            **_errors(404),
+        },
+        description="The run's audit trail, streamed as JSON Lines: every event with the hash "
+        "chain that proves it (each hash is SHA-256 over the previous hash and the event's "
+        "canonical JSON; the README shows a standalone script that verifies a file).",
+    )
+    def get(self, request: Request, uuid: str) -> StreamingHttpResponse:
+        run = selectors.run_get(run_uuid=uuid, user=request.user)
+        response = StreamingHttpResponse(audit.export_lines(run), content_type=AUDIT_MEDIA_TYPE)
+        response["Content-Disposition"] = f'attachment; filename="{audit.export_filename(run)}"'
+        return response

@@ -84,6 +84,13 @@ def _runnable_with_tools(run: AgentRun) -> None:
     _require_runnable(run, tools=True)
 
 
+def runnable_without_tools(run: AgentRun) -> None:
+    """A reconciliation verdict's check (under the row lock): refuse when the configuration was
+    deactivated while the run waited (``UnreadableState``). Also used by a tool's automatic
+    check (``agentruns.services.checks``)."""
+    _require_runnable(run, tools=False)
+
+
 def _require_authority(actor: User, run: AgentRun, configuration: AgentConfiguration) -> Authority:
     """Refuse (``NotPermitted``, naming what is missing) unless ``actor`` may approve the locked
     run's pending turn or give a landed / not landed verdict on it (docs/design.md §5.6).
@@ -107,11 +114,12 @@ def _mode_identity(mode: str) -> str | None:
     raise InvalidRequest("mode must be 'inline' or 'queued'", field="mode")
 
 
-def _hand_on(
+def hand_on(
     decided: Decided,
-    observer: EventObserver | None,
+    observer: EventObserver | None = None,
     on_claim: ClaimHook | None = None,
 ) -> SegmentResult:
+    """Continue a run a decision took: inline under its new lease, or wake a worker."""
     if decided.lease is not None:
         if on_claim is not None:
             on_claim(decided.lease)
@@ -192,7 +200,7 @@ def run_decide(
         identity=identity,
         check=authority_then_four_eyes,  # called before ``approval_event``
     )
-    return _hand_on(decided, observer, on_claim)
+    return hand_on(decided, observer, on_claim)
 
 
 def _pending(run_uuid: UUID | str, *, waiting_in: str) -> PendingTurn | None:
@@ -278,7 +286,7 @@ def run_submit_input(
         identity=identity,
         check=_runnable_with_tools,
     )
-    return _hand_on(decided, observer, on_claim)
+    return hand_on(decided, observer, on_claim)
 
 
 def run_reconcile(
@@ -315,6 +323,7 @@ def run_reconcile(
                 "call": call.to_json() if call is not None else None,
                 "mode": mode,
                 "decider": actor.get_username(),
+                "by": "person",
                 "authority": authority.as_payload(),
             },
             actor_id=actor.pk,
@@ -337,4 +346,4 @@ def run_reconcile(
             _require_authority(actor, run, _require_runnable(run, tools=False))
         ),
     )
-    return _hand_on(decided, observer, on_claim)
+    return hand_on(decided, observer, on_claim)

@@ -16,11 +16,16 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from agentruns import conf
 from agentruns.models import AgentRun
+from agentruns.tools import Tool
+from agentruns.turns import CheckStatus
 
 logger = logging.getLogger(__name__)
 
 TASK = "agentruns.tasks.process_run"
+#: A tool's automatic check of an in-doubt write (docs/design.md §9.2): ``(run_uuid, attempt)``.
+CHECK_TASK = "agentruns.tasks.check_in_doubt"
 
 
 class _HeldTasks:
@@ -110,3 +115,46 @@ def wake_after_commit(run_uuid: str, *, delay_seconds: float = 0) -> None:
 def schedule_retry(run: AgentRun, delay_seconds: float) -> None:
     """The worker's retry hook: a delayed wake-up for a requeued run."""
     wake_after_commit(str(run.uuid), delay_seconds=delay_seconds)
+
+
+# --- Checks of in-doubt writes (docs/design.md §9.2) ----------------------------------------------
+
+
+def initial_check(tool: Tool | None) -> CheckStatus | None:
+    """The check status a run parked in doubt starts with: scheduled when the call's tool
+    declares a check and ``RECONCILE_CHECKS`` allows any; ``None`` otherwise (a person decides)."""
+    limit = int(conf.get("RECONCILE_CHECKS"))
+    if tool is None or tool.check is None or limit < 1:
+        return None
+    return CheckStatus.scheduled(limit)
+
+
+def send_check(run_uuid: str, *, attempt: int, delay_seconds: float = 0) -> None:
+    """Send the check task now (or as a one-off schedule ``delay_seconds`` from now). May raise."""
+    from django_q.models import Schedule
+    from django_q.tasks import async_task
+
+    if delay_seconds <= 0:
+        with transaction.atomic(savepoint=False):
+            async_task(CHECK_TASK, str(run_uuid), attempt, group="agentruns-checks")
+        return
+    Schedule.objects.create(
+        func=CHECK_TASK,
+        args=repr((str(run_uuid), attempt))[1:-1],
+        schedule_type=Schedule.ONCE,
+        repeats=-1,
+        next_run=timezone.now() + timedelta(seconds=delay_seconds),
+    )
+
+
+def check_after_commit(run_uuid: str, *, attempt: int = 1, delay_seconds: float = 0) -> None:
+    """Send the check task once the current transaction commits. A failed send is logged: the
+    run waits for a person, who may decide at any time."""
+
+    def send() -> None:
+        try:
+            send_check(run_uuid, attempt=attempt, delay_seconds=delay_seconds)
+        except Exception:
+            logger.exception("could not send the check of run %s; a person decides", run_uuid)
+
+    transaction.on_commit(send)

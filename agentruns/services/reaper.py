@@ -16,8 +16,11 @@ Runs are taken in batches, each one transaction under ``SELECT … FOR UPDATE SK
 reapers never handle one run; on SQLite the IMMEDIATE transaction serialises them instead), and
 carried out set-based (``transitions.runs_reap_stale``: one guarded ``UPDATE`` per verdict kind
 that re-checks staleness row by row, one INSERT of the events): a holder that renewed its lease
-meanwhile keeps its run (verdict ``skipped``). Every verdict is a
-``reaper`` event. Then queued runs nobody claimed for ``REDISPATCH_SECONDS`` get a fresh wake-up.
+meanwhile keeps its run (verdict ``skipped``). Every verdict is a ``reaper`` event; a run parked
+in doubt whose tool declares a check gets the check task once the batch commits (§9.2). Then
+queued runs nobody claimed for ``REDISPATCH_SECONDS`` get a fresh wake-up, and in-doubt runs
+whose tool's check stalled (its task lost, or its worker died) get the check task again
+(``checks.redispatch_due``).
 
 Owns no state of its own and never executes a run: it only settles or hands runs back.
 """
@@ -38,9 +41,10 @@ from agentruns.identity import reaper_identity
 from agentruns.leases import EventSpec
 from agentruns.metrics import record_reaper_pass
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status, TerminationReason
-from agentruns.services import dispatch
+from agentruns.services import checks, dispatch
 from agentruns.services.runtime.transcript import NotRehydratable, rehydrate
-from agentruns.turns import PendingTurn
+from agentruns.tools import registry
+from agentruns.turns import CheckStatus, PendingTurn
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +117,7 @@ class ReaperReport:
     dry_run: bool = False
     verdicts: list[RunVerdict] = field(default_factory=list)
     redispatched: int = 0
+    checks_redispatched: int = 0  # check tasks of in-doubt runs sent again (docs/design.md §9.2)
 
     def count(self, verdict: str) -> int:
         return sum(1 for v in self.verdicts if v.verdict == verdict)
@@ -130,7 +135,10 @@ class ReaperReport:
         )
         if self.dry_run:
             return text + " (dry run: nothing changed)"
-        return text + f"; redispatched {self.redispatched} unclaimed queued run(s)"
+        text += f"; redispatched {self.redispatched} unclaimed queued run(s)"
+        if self.checks_redispatched:
+            text += f", {self.checks_redispatched} lost check(s) of in-doubt runs"
+        return text
 
 
 def rule_for(run: AgentRun) -> tuple[str, str]:
@@ -198,16 +206,28 @@ def _settlement(rule: str, detail: str) -> tuple[str, dict[str, str]]:
     return reason, {"type": error_type, "message": f"stale lease: {detail}"}
 
 
+def _initial_check(run: AgentRun) -> CheckStatus | None:
+    """The check state an in-doubt turn starts with: queued when the fenced call's tool
+    declares a check (``dispatch.initial_check``), else none (a person decides)."""
+    call = PendingTurn.for_reconciliation(run).call
+    return dispatch.initial_check(registry.get(call.name) if call and call.name else None)
+
+
 def _apply(run: AgentRun, rule: str, detail: str, identity: str) -> bool:
     """Carry out ``rule`` on ``run`` through its guarded transition; ``False``: not stale now."""
     event = _event(run, rule, VERDICT_OF_RULE[rule], detail)
     if rule == Rule.FENCE:
-        return transitions.run_mark_in_doubt(
+        check = _initial_check(run)
+        parked = transitions.run_mark_in_doubt(
             run_id=run.pk,
-            pending_turn=PendingTurn.for_reconciliation(run),
+            pending_turn=PendingTurn.for_reconciliation(run, check=check),
             segment=identity,
             event=event,
         )
+        if parked and check is not None:
+            # After the batch commits: the call's tool checks whether it landed (§9.2).
+            dispatch.check_after_commit(str(run.uuid))
+        return parked
     if rule == Rule.RECLAIM:
         return transitions.run_reclaim_stale(run_id=run.pk, segment=identity, event=event)
     reason, error = _settlement(rule, detail)
@@ -236,10 +256,14 @@ def _apply_batch(
     dead_lettered: dict[int, tuple[str, dict[str, str]]] = {}
     reclaim: list[int] = []
     events: dict[int, EventSpec] = {}
+    checked: dict[int, str] = {}  # in-doubt runs whose tool declares a check: their uuids
     for run, rule, detail in judged:
         events[run.pk] = _event(run, rule, VERDICT_OF_RULE[rule], detail)
         if rule == Rule.FENCE:
-            in_doubt[run.pk] = PendingTurn.for_reconciliation(run)
+            check = _initial_check(run)
+            in_doubt[run.pk] = PendingTurn.for_reconciliation(run, check=check)
+            if check is not None:
+                checked[run.pk] = str(run.uuid)
         elif rule == Rule.RECLAIM:
             reclaim.append(run.pk)
         else:
@@ -252,6 +276,9 @@ def _apply_batch(
             events=events,
             segment=identity,
         )
+        for run_id in taken & checked.keys():
+            # After the batch commits: the call's tool checks whether it landed (§9.2).
+            dispatch.check_after_commit(checked[run_id])
         return taken, {}
     except StateWriteFailed:
         logger.exception("reaper: the batch write failed; carrying the batch out run by run")
@@ -441,5 +468,6 @@ def reap_stale_runs(
             break
     if redispatch and not dry_run:
         report.redispatched = redispatch_unclaimed(identity=identity)
+        report.checks_redispatched = checks.redispatch_due()
     record_reaper_pass(report)
     return report

@@ -6,6 +6,8 @@ here stamps or checks a lease.
 """
 
 from agentruns.tools.registry import (
+    CheckAnswer,
+    CheckContext,
     OutcomeUnknown,
     RemoteToolError,
     Tool,
@@ -21,6 +23,8 @@ from agentruns.tools.registry import (
 )
 
 __all__ = [
+    "CheckAnswer",
+    "CheckContext",
     "OutcomeUnknown",
     "RemoteToolError",
     "Tool",

@@ -42,6 +42,8 @@ MAX_ERROR_CHARS = 2000
 ToolFunc = Callable[["ToolContext", dict[str, Any]], Any]
 #: ``preview(context, arguments)``: what a write will change, without changing anything.
 PreviewFunc = Callable[["ToolContext", dict[str, Any]], Any]
+#: ``check(context, arguments)``: whether an in-doubt call landed (a ``CheckAnswer``), read-only.
+CheckFunc = Callable[["CheckContext", dict[str, Any]], "CheckAnswer"]
 Resolver = Callable[[str], "Tool | None"]
 Lister = Callable[[], Iterable["Tool"]]
 
@@ -80,6 +82,54 @@ class ToolContext:
         return f"{self.run_uuid}:{self.call_id}"
 
 
+@dataclass(frozen=True)
+class CheckContext(ToolContext):
+    """What a tool's ``check`` receives: the call's context as it ran (its idempotency key and
+    fencing token, the lease epoch it was sent under) and the call itself (``call_id``, ``name``
+    and ``arguments``). ``attempt`` counts the checks of this call, from 1."""
+
+    name: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+    attempt: int = 1
+
+
+LANDED = "landed"
+NOT_LANDED = "not_landed"
+UNKNOWN = "unknown"
+CHECK_VERDICTS = (LANDED, NOT_LANDED, UNKNOWN)
+#: The most of a check's evidence kept (in the event and on the card).
+MAX_EVIDENCE_CHARS = 500
+
+
+@dataclass(frozen=True)
+class CheckAnswer:
+    """What a check found out about an in-doubt call: ``landed`` (with, optionally, the result
+    the model should see), ``not_landed`` or ``unknown``; ``evidence`` says how it knows (shown
+    to staff, recorded in the event). Build it with ``landed()``, ``not_landed()`` or
+    ``unknown()``."""
+
+    verdict: str
+    evidence: str = ""
+    result: Any = None
+
+    def __post_init__(self) -> None:
+        if self.verdict not in CHECK_VERDICTS:
+            raise ValueError(f"a check answers one of {', '.join(CHECK_VERDICTS)}")
+        object.__setattr__(self, "evidence", _truncate(str(self.evidence), MAX_EVIDENCE_CHARS))
+
+    @classmethod
+    def landed(cls, evidence: str = "", *, result: Any = None) -> CheckAnswer:
+        return cls(LANDED, evidence, result)
+
+    @classmethod
+    def not_landed(cls, evidence: str = "") -> CheckAnswer:
+        return cls(NOT_LANDED, evidence)
+
+    @classmethod
+    def unknown(cls, evidence: str = "") -> CheckAnswer:
+        return cls(UNKNOWN, evidence)
+
+
 def _empty_parameters() -> dict[str, Any]:
     return {"type": "object", "properties": {}, "additionalProperties": False}
 
@@ -109,6 +159,10 @@ class Tool:
     # preview(context, arguments) -> what the write will change (docs/design.md §5.10): read-only,
     # honours context.timeout_seconds, returns a turns.Preview or {"summary", "target", "changes"}.
     preview: PreviewFunc | None = None
+    # check(context, arguments) -> CheckAnswer (non-idempotent writes only): asked, read-only and
+    # with the tool timeout, whether a call whose outcome is in doubt landed (README, "Tools
+    # that check their own in-doubt writes"). None: a person decides.
+    check: CheckFunc | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "effect", Effect(self.effect))
@@ -160,6 +214,14 @@ def check_tool(tool: Tool) -> None:
         raise ToolDefinitionError(f"tool {tool.name!r}: func is not callable")
     if tool.preview is not None and not callable(tool.preview):
         raise ToolDefinitionError(f"tool {tool.name!r}: preview is not callable")
+    if tool.check is not None:
+        if not callable(tool.check):
+            raise ToolDefinitionError(f"tool {tool.name!r}: check is not callable")
+        if tool.effect != Effect.NON_IDEMPOTENT_WRITE:
+            raise ToolDefinitionError(
+                f"tool {tool.name!r} is a {tool.effect}: only a non_idempotent_write can be in "
+                "doubt, so only it may declare a check"
+            )
     if tool.source not in {"local", "mcp"}:
         raise ToolDefinitionError(f"tool {tool.name!r}: source must be 'local' or 'mcp'")
     if tool.approve_permission is not None and not (
@@ -208,7 +270,15 @@ def _definition_key(tool: Tool) -> tuple[Any, ...]:
         tool.source,
         canonical_json(tool.hints),
         func_path if None not in func_path else id(tool.func),
+        _function_key(tool.check),
     )
+
+
+def _function_key(func: Callable[..., Any] | None) -> Any:
+    if func is None:
+        return None
+    path = (getattr(func, "__module__", None), getattr(func, "__qualname__", None))
+    return path if None not in path else id(func)
 
 
 @dataclass(frozen=True)
@@ -357,6 +427,7 @@ def tool(
     approve_permission: str | None = None,
     hints: dict[str, Any] | None = None,
     preview: PreviewFunc | None = None,
+    check: CheckFunc | None = None,
 ) -> Callable[[ToolFunc], Tool]:
     """Decorator: turn ``func(context, arguments)`` into a checked ``Tool``.
 
@@ -377,6 +448,7 @@ def tool(
             approve_permission=approve_permission,
             hints=dict(hints or {}),
             preview=preview,
+            check=check,
         )
         check_tool(defined)
         return defined
@@ -422,8 +494,8 @@ def _one_line(text: str) -> str:
     return flat if len(flat) <= 500 else flat[:499] + "…"
 
 
-def _truncate(text: str) -> str:
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+def _truncate(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def argument_errors(tool: Tool, arguments: Any) -> str | None:

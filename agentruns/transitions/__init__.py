@@ -26,6 +26,7 @@ Conventions:
 
 from __future__ import annotations
 
+from agentruns.transitions.checks import run_note_check
 from agentruns.transitions.decisions import (
     run_decide,
     run_reconcile_abandon,
@@ -65,6 +66,7 @@ __all__ = [
     "run_heartbeat",
     "run_mark_in_doubt",
     "run_mark_redispatched",
+    "run_note_check",
     "run_notice_cancel",
     "run_park_in_doubt",
     "run_reclaim_stale",

@@ -3,8 +3,9 @@ only ``agentruns.transitions.reaper`` calls it.
 
 * ``batch_update`` — one guarded ``UPDATE … RETURNING id`` for many runs, with per-run values
   joined from a ``VALUES`` list; the ids it returns are the runs it took (its verdict).
-* ``insert_batch_events`` — one event for each of many runs, numbered after each run's last
-  event, in multi-row INSERTs.
+* ``chain_batch_events`` / ``insert_batch_events`` — one event for each of many runs, numbered
+  after each run's last event and chained from its ledger head, in multi-row INSERTs; the new
+  heads go into the verdict's ``UPDATE``.
 
 The same SQL runs on PostgreSQL and on SQLite (3.35 or later: ``UPDATE … FROM`` and
 ``RETURNING``); only PostgreSQL needs the ``VALUES`` typed.
@@ -13,6 +14,7 @@ The same SQL runs on PostgreSQL and on SQLite (3.35 or later: ``UPDATE … FROM`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
@@ -20,6 +22,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Max
 from django.utils import timezone
 
+from agentruns import ledger
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, AgentRunEvent
 from agentruns.transitions._writer import (
@@ -146,18 +149,57 @@ def next_sequences(run_ids: Sequence[int]) -> dict[int, int]:
     return {run_id: 0 if last.get(run_id) is None else last[run_id] + 1 for run_id in run_ids}
 
 
-def insert_batch_events(events: Mapping[int, EventSpec], *, segment: str, epoch: int) -> None:
-    """Append one event to each run keyed in ``events``, numbered after that run's last event,
-    signed ``segment``/``epoch``, in multi-row INSERTs (one per 100 events).
+@dataclass(frozen=True)
+class BatchChain:
+    """Where each run's one new event of a batch goes: its sequence, its link in the run's
+    ledger chain (``agentruns.ledger``) and the run's head after it."""
 
-    The one place where a batch's event rows are built: whatever an event row must carry beyond
-    its spec (its sequence today) is computed here, for all runs of the batch at once. Call only
-    while holding the runs' rows, as ``next_sequences`` requires.
+    sequences: dict[int, int]
+    links: dict[int, ledger.Link]
+    heads: dict[int, str]
+
+
+def chain_batch_events(events: Mapping[int, EventSpec], *, segment: str, epoch: int) -> BatchChain:
+    """Number and chain one event for each run keyed in ``events`` (two grouped reads: the last
+    sequences, and the uuids and heads). Call only while holding the runs' rows, before the
+    ``UPDATE`` that writes the heads (``BatchChain.heads``) with the verdict."""
+    run_ids = list(events)
+    sequences = next_sequences(run_ids)
+    stored = {
+        run_id: (run_uuid, head or ledger.genesis(run_uuid))
+        for run_id, run_uuid, head in AgentRun.objects.filter(pk__in=run_ids).values_list(
+            "pk", "uuid", ledger.HEAD_FIELD
+        )
+    }
+    links: dict[int, ledger.Link] = {}
+    heads: dict[int, str] = {}
+    for run_id, spec in events.items():
+        run_uuid, prev = stored[run_id]
+        [link], heads[run_id] = ledger.chain(
+            run_uuid=run_uuid,
+            prev_hash=prev,
+            first_sequence=sequences[run_id],
+            segment=segment,
+            lease_epoch=epoch,
+            events=[spec],
+        )
+        links[run_id] = link
+    return BatchChain(sequences=sequences, links=links, heads=heads)
+
+
+def insert_batch_events(
+    events: Mapping[int, EventSpec], chained: BatchChain, *, segment: str, epoch: int
+) -> None:
+    """Append one event to each run keyed in ``events``, at the sequence and with the link
+    ``chained`` gives it (``chain_batch_events``, signed the same ``segment``/``epoch``), in
+    multi-row INSERTs (one per 100 events).
+
+    The one place where a batch's event rows are built. Call only while holding the runs' rows,
+    in the transaction whose ``UPDATE`` wrote their heads.
     """
     if not events:
         return
     db = _db()
-    sequences = next_sequences(list(events))
     created = _EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
     payload = _EVENT_FIELDS["payload"]
     items = list(events.items())
@@ -165,9 +207,10 @@ def insert_batch_events(events: Mapping[int, EventSpec], *, segment: str, epoch:
         chunk = items[start : start + _EVENT_BATCH]
         params: list[Any] = []
         for run_id, spec in chunk:
+            link = chained.links[run_id]
             params += [
                 run_id,
-                sequences[run_id],
+                chained.sequences[run_id],
                 str(spec.kind),
                 segment,
                 epoch,
@@ -175,5 +218,8 @@ def insert_batch_events(events: Mapping[int, EventSpec], *, segment: str, epoch:
                 payload.get_db_prep_save(spec.payload, db),
                 spec.actor_id,
                 created,
+                spec.actor_id,
+                link.prev_hash,
+                link.hash,
             ]
         _execute(db, _insert_sql(db, len(chunk)), params)

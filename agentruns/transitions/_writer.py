@@ -6,7 +6,9 @@ transitions call them.
 * ``guarded_write`` — any other guard, through the ORM.
 
 Both add ``updated_at``, take database-computed values as ``DbValue`` (the clock, the lease
-deadline, an increment) and append events in the same transaction as the guarded ``UPDATE``.
+deadline, an increment) and append events in the same transaction as the guarded ``UPDATE``,
+chained by ``agentruns.ledger`` (each event's ``prev_hash`` and ``hash``; the run's head written
+in the segment's own ``UPDATE``, or in the transaction of any other guarded write).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from agentruns import conf
+from agentruns import conf, ledger
 from agentruns.exceptions import LeaseholdError, StateWriteFailed
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, AgentRunEvent, Status
@@ -108,6 +110,9 @@ _EVENT_COLUMNS = (
     "payload",
     "actor",
     "created_at",
+    "actor_ref",
+    "prev_hash",
+    "hash",
 )
 _SEGMENT_GUARD = ("id", "status", "claimed_by", "lease_epoch")
 _DURATION: DurationField[timedelta, timedelta] = DurationField()
@@ -137,23 +142,32 @@ def _insert_sql(db: BaseDatabaseWrapper, rows: int) -> str:
 
 
 def insert_events(
-    run_id: int, first_sequence: int, segment: str, epoch: int, events: Iterable[EventSpec]
+    run_id: int,
+    first_sequence: int,
+    segment: str,
+    epoch: int,
+    events: Iterable[EventSpec],
+    links: list[ledger.Link],
 ) -> int:
-    """Append ``events`` numbered from ``first_sequence`` (one multi-row INSERT); the next
-    sequence. ``created_at`` is the app server's clock, as ``auto_now_add`` would set it."""
+    """Append ``events`` numbered from ``first_sequence`` with their ``links`` in the chain
+    (``ledger.chain``; one multi-row INSERT); the next sequence. ``created_at`` is the app
+    server's clock, as ``auto_now_add`` would set it. The caller writes the new head."""
     events = list(events)
     if not events:
         return first_sequence
+    if len(links) != len(events):
+        raise ValueError("every event needs its link in the chain")
     db = connections[DEFAULT_DB_ALIAS]
     created = _EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
     payload = _EVENT_FIELDS["payload"]
     for start in range(0, len(events), _EVENT_BATCH):
         batch = events[start : start + _EVENT_BATCH]
         params: list[Any] = []
-        for sequence, spec in enumerate(batch, start=first_sequence + start):
+        for offset, spec in enumerate(batch):
+            chained = links[start + offset]
             params += [
                 run_id,
-                sequence,
+                first_sequence + start + offset,
                 str(spec.kind),
                 segment,
                 epoch,
@@ -161,6 +175,9 @@ def insert_events(
                 payload.get_db_prep_save(spec.payload, db),
                 spec.actor_id,
                 created,
+                spec.actor_id,
+                chained.prev_hash,
+                chained.hash,
             ]
         _execute(db, _insert_sql(db, len(batch)), params)
     return first_sequence + len(events)
@@ -230,11 +247,24 @@ def segment_write(
     if not events:
         return _segment_update(lease, values)
     with transaction.atomic():
-        if not _segment_update(lease, values):
-            return False
-        lease.next_sequence = insert_events(
-            lease.run_id, lease.next_sequence, lease.owner, lease.epoch, events
+        # The lease's head is exact while it is held (like its counter); a lease that does not
+        # know it (``None``) reads it first: nobody else appends while the guard can match.
+        prev = lease.head if lease.head is not None else ledger.read_head(lease.run_id)[1]
+        links, head = ledger.chain(
+            run_uuid=lease.uuid,
+            prev_hash=prev,
+            first_sequence=lease.next_sequence,
+            segment=lease.owner,
+            lease_epoch=lease.epoch,
+            events=events,
         )
+        # The head is written by the guarded UPDATE itself: one statement with the state change.
+        if not _segment_update(lease, {**values, ledger.HEAD_FIELD: head}):
+            return False
+        end = insert_events(
+            lease.run_id, lease.next_sequence, lease.owner, lease.epoch, events, links
+        )
+    lease.next_sequence, lease.head = end, head
     return True
 
 
@@ -258,29 +288,59 @@ def guarded_write(
     epoch: int = 0,
     lease: Lease | None = None,
     savepoint: bool = True,
+    locked: AgentRun | None = None,
 ) -> bool:
     """Every other state change: one ``UPDATE`` of ``values`` (and ``updated_at``) on the run
     ``run_id`` filtered by ``guard``, then ``events`` numbered from the table (the ``UPDATE`` holds
-    the row until commit), in one transaction. Events are signed ``segment``/``epoch``, or by
-    ``lease`` (a claim just made), whose counter then continues after them. ``False``: the guard
-    matched nothing; nothing was written.
+    the row until commit) and chained from the run's head, which is written with them, in one
+    transaction. Events are signed ``segment``/``epoch``, or by ``lease`` (a claim just made),
+    whose counter and head then continue after them. ``False``: the guard matched nothing;
+    nothing was written.
+
+    ``locked``: the run as the caller read it under its row lock (a decision): the events are
+    numbered and chained before the ``UPDATE``, which writes the head itself.
 
     Inside a caller's transaction (the reaper's batch) the write is a savepoint, so a failure
     undoes only it; ``savepoint=False`` when the caller's transaction is the transition's own."""
     events = list(events)
+    signer = (lease.owner, lease.epoch) if lease is not None else (segment, epoch)
+    values = {name: _orm_value(name, value) for name, value in values.items()}
     with transaction.atomic(savepoint=savepoint):
-        updated = AgentRun.objects.filter(Q(pk=run_id) & guard).update(
-            **{name: _orm_value(name, value) for name, value in values.items()},
-            updated_at=Now(),
-        )
+        if events and locked is not None:
+            first = _next_sequence(run_id)
+            prev = getattr(locked, ledger.HEAD_FIELD) or ledger.genesis(locked.uuid)
+            links, head = _chain(locked.uuid, prev, first, signer, events)
+            values[ledger.HEAD_FIELD] = head
+        updated = AgentRun.objects.filter(Q(pk=run_id) & guard).update(**values, updated_at=Now())
         if updated != 1:
             return False
         if events:
-            signer = (lease.owner, lease.epoch) if lease is not None else (segment, epoch)
-            end = insert_events(run_id, _next_sequence(run_id), *signer, events)
+            if locked is None:
+                first = _next_sequence(run_id)
+                # Under the row the UPDATE holds: the stored head is the last event's hash.
+                run_uuid, prev = ledger.read_head(run_id)
+                links, head = _chain(run_uuid, prev, first, signer, events)
+            end = insert_events(run_id, first, *signer, events, links)
+            if locked is None:
+                ledger.write_head(run_id, head)
+            else:
+                setattr(locked, ledger.HEAD_FIELD, head)
             if lease is not None:
-                lease.next_sequence = end
+                lease.next_sequence, lease.head = end, head
     return True
+
+
+def _chain(
+    run_uuid: Any, prev: str, first: int, signer: tuple[str, int], events: list[EventSpec]
+) -> tuple[list[ledger.Link], str]:
+    return ledger.chain(
+        run_uuid=run_uuid,
+        prev_hash=prev,
+        first_sequence=first,
+        segment=signer[0],
+        lease_epoch=signer[1],
+        events=events,
+    )
 
 
 def stale() -> Q:

@@ -140,6 +140,7 @@ def run_decide(
             epoch=run.lease_epoch,
             lease=lease,
             savepoint=False,
+            locked=run,
         ):  # pragma: no cover - impossible under the row lock
             raise NotWaiting()
         _show_written(run, {**values, "updated_at": DbValue.NOW})
@@ -182,6 +183,7 @@ def run_reconcile_abandon(
             [event],
             epoch=run.lease_epoch,
             savepoint=False,
+            locked=run,
         ):  # pragma: no cover - impossible under the row lock
             raise NotWaiting()
         run.refresh_from_db()

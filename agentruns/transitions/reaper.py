@@ -12,6 +12,7 @@ from django.db import connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
 from django.db.models.functions import Now
 
+from agentruns import ledger
 from agentruns.leases import EventSpec
 from agentruns.models import (
     AgentRun,
@@ -21,6 +22,7 @@ from agentruns.models import (
 )
 from agentruns.transitions._batch import (
     batch_update,
+    chain_batch_events,
     increment_sql,
     insert_batch_events,
     now_sql,
@@ -65,7 +67,11 @@ def runs_reap_stale(
     event. Call only while holding the runs' rows (the batch's ``FOR UPDATE``).
     """
     stale_params = [str(Status.RUNNING)]
+    heads = ledger.HEAD_FIELD
     with transaction.atomic():
+        # Numbered and chained before the UPDATEs, which write each run's new ledger head with
+        # its verdict: a run an UPDATE skips keeps its head and gets no event.
+        chained = chain_batch_events(events, segment=segment, epoch=0)
         taken = batch_update(
             guard=stale_guard_sql() + f" AND {_pending_effect_sql()} = %s",
             guard_params=[*stale_params, str(Effect.NON_IDEMPOTENT_WRITE)],
@@ -74,7 +80,10 @@ def runs_reap_stale(
                 "claimed_by": "",
                 "lease_expires": None,
             },
-            per_run={run_id: {"pending_turn": turn.to_json()} for run_id, turn in in_doubt.items()},
+            per_run={
+                run_id: {"pending_turn": turn.to_json(), heads: chained.heads[run_id]}
+                for run_id, turn in in_doubt.items()
+            },
         )
         taken |= batch_update(
             guard=stale_guard_sql(),
@@ -90,7 +99,11 @@ def runs_reap_stale(
                 "finished_at": now_sql(),
             },
             per_run={
-                run_id: {"termination_reason": reason, "error": dict(error)}
+                run_id: {
+                    "termination_reason": reason,
+                    "error": dict(error),
+                    heads: chained.heads[run_id],
+                }
                 for run_id, (reason, error) in dead_lettered.items()
             },
         )
@@ -105,10 +118,11 @@ def runs_reap_stale(
                 "pending_effect": "",
                 "pending_call": None,
             },
-            per_run={run_id: {} for run_id in reclaim},
+            per_run={run_id: {heads: chained.heads[run_id]} for run_id in reclaim},
         )
         insert_batch_events(
             {run_id: event for run_id, event in events.items() if run_id in taken},
+            chained,
             segment=segment,
             epoch=0,
         )

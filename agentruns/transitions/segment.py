@@ -3,6 +3,7 @@ back to the queue. Each is owner-guarded; ``False`` means the lease is lost."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 from uuid import UUID
@@ -12,6 +13,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Coalesce, Now
 
+from agentruns import ledger
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import (
     AgentConfiguration,
@@ -44,8 +46,19 @@ def run_start(
     identity: str,
 ) -> Lease:
     """Insert a ``running`` run claimed at birth by ``identity`` with epoch 1."""
+    run_uuid = uuid.uuid4()
+    born = [EventSpec(EventKind.LEASE, {"action": "claimed_at_birth"})]
+    links, head = ledger.chain(
+        run_uuid=run_uuid,
+        prev_hash=ledger.genesis(run_uuid),
+        first_sequence=0,
+        segment=identity,
+        lease_epoch=1,
+        events=born,
+    )
     with transaction.atomic():
         run = AgentRun.objects.create(
+            uuid=run_uuid,
             configuration=configuration,
             initiator_id=initiator_id,
             prompt=prompt,
@@ -55,12 +68,10 @@ def run_start(
             lease_expires=lease_deadline(),
             lease_epoch=1,
             started_at=Now(),
+            **{ledger.HEAD_FIELD: head},
         )
-        lease = Lease(run.pk, run.uuid, identity, 1, next_sequence=0)
-        lease.next_sequence = insert_events(
-            run.pk, 0, identity, 1, [EventSpec(EventKind.LEASE, {"action": "claimed_at_birth"})]
-        )
-    return lease
+        end = insert_events(run.pk, 0, identity, 1, born, links)
+    return Lease(run.pk, run_uuid, identity, 1, next_sequence=end, head=head)
 
 
 @state_write
@@ -72,7 +83,10 @@ def run_enqueue(
     request: Mapping[str, Any],
 ) -> AgentRun:
     """Insert a ``queued`` run with no claim. The caller sends the wake-up after commit."""
+    run_uuid = uuid.uuid4()
     return AgentRun.objects.create(
+        uuid=run_uuid,
+        **{ledger.HEAD_FIELD: ledger.genesis(run_uuid)},
         configuration=configuration,
         initiator_id=initiator_id,
         prompt=prompt,

@@ -29,6 +29,7 @@ from agentruns.turns.calls import (
     ordered_arguments,
     turn_digest,
 )
+from agentruns.turns.checks import CheckStatus
 from agentruns.turns.pending import (
     PendingTurn,
     executing_digest,
@@ -61,6 +62,7 @@ __all__ = [
     "ApprovalDecision",
     "Call",
     "Change",
+    "CheckStatus",
     "Decision",
     "InputDecision",
     "LoopState",

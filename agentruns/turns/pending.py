@@ -26,6 +26,7 @@ from agentruns.turns.calls import (
     ordered_arguments,
     turn_digest,
 )
+from agentruns.turns.checks import CheckStatus
 from agentruns.turns.state import LoopState
 
 if TYPE_CHECKING:
@@ -65,6 +66,9 @@ class PendingTurn:
     # reconciliation: why the outcome is unknown when the segment itself parked the run (the
     # tool's words, e.g. a timeout after the request was sent); "" when the segment died.
     reason: str = ""
+    # reconciliation: where the tool's automatic check stands (None: the tool has no check, or
+    # the run waited before checks existed). Not covered by the digest.
+    check: CheckStatus | None = None
 
     @property
     def readable(self) -> bool:
@@ -97,9 +101,10 @@ class PendingTurn:
         )
 
     @classmethod
-    def for_reconciliation(cls, run: AgentRun) -> PendingTurn:
+    def for_reconciliation(cls, run: AgentRun, *, check: CheckStatus | None = None) -> PendingTurn:
         """The turn shown for an in-doubt run: the call its fence stamped (``pending_call``),
-        the idempotency key it was sent with and the lease it was running under."""
+        the idempotency key it was sent with and the lease it was running under; ``check`` when
+        the call's tool will check it."""
         stamped = run.pending_call if isinstance(run.pending_call, dict) else {}
         call = Call(
             id=str(stamped.get("id") or ""),
@@ -117,11 +122,19 @@ class PendingTurn:
             segment=run.claimed_by,
             lease_epoch=run.lease_epoch,
             lease_expired_at=run.lease_expires,
+            check=check,
         )
 
     @classmethod
     def in_doubt(
-        cls, call: Call, *, run_uuid: object, segment: str, lease_epoch: int, reason: str
+        cls,
+        call: Call,
+        *,
+        run_uuid: object,
+        segment: str,
+        lease_epoch: int,
+        reason: str,
+        check: CheckStatus | None = None,
     ) -> PendingTurn:
         """The turn shown for a write whose tool could not tell whether it happened: the call as
         its fence stamped it and why its outcome is unknown."""
@@ -133,6 +146,7 @@ class PendingTurn:
             segment=segment,
             lease_epoch=lease_epoch,
             reason=reason[:500],
+            check=check,
         )
 
     # -- storing and reading --
@@ -164,6 +178,7 @@ class PendingTurn:
                 ),
                 "reason": self.reason,
                 "turn_digest": self.turn_digest,
+                **({"check": self.check.to_json()} if self.check is not None else {}),
             }
         raise ValueError(f"a {self.kind} turn cannot be stored")
 
@@ -225,6 +240,7 @@ class PendingTurn:
             lease_epoch=epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
             lease_expired_at=parse_datetime(expired) if isinstance(expired, str) else None,
             reason=str(raw.get("reason") or ""),
+            check=CheckStatus.parse(raw.get("check")),
         )
 
 

@@ -123,11 +123,15 @@ class InputDecision:
 
 @dataclass(frozen=True)
 class ReconciliationDecision:
-    """A human said whether the in-doubt write ``call`` landed (``landed``/``not_landed``)."""
+    """A human (``by="person"``) or the tool's automatic check (``by="check"``) said whether the
+    in-doubt write ``call`` landed (``landed``/``not_landed``); a check that found it landed may
+    give the ``result`` the model sees."""
 
     verdict: str
     call: Call | None
     decider_id: int | None = None
+    by: str = "person"
+    result: Any = None
     kind: Literal["reconciliation"] = "reconciliation"
 
     @property
@@ -135,12 +139,15 @@ class ReconciliationDecision:
         return self.verdict == "landed"
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "kind": self.kind,
             "verdict": self.verdict,
             "call": self.call.to_json() if self.call is not None else None,
             "decider_id": self.decider_id,
         }
+        if self.by != "person":
+            data.update(by=self.by, result=self.result)
+        return data
 
 
 Decision: TypeAlias = ApprovalDecision | InputDecision | ReconciliationDecision
@@ -188,7 +195,16 @@ def parse_decision(raw: object) -> Decision:
             if stored_call is not None
             else None
         )
-        return ReconciliationDecision(verdict=str(verdict), call=call, decider_id=_decider(raw))
+        by = raw.get("by", "person")
+        if by not in ("person", "check"):
+            raise Unreadable("loop_state.decision was made by an unknown party")
+        return ReconciliationDecision(
+            verdict=str(verdict),
+            call=call,
+            decider_id=_decider(raw),
+            by=str(by),
+            result=raw.get("result"),
+        )
     raise Unreadable(f"loop_state.decision has an unknown kind {kind!r}")
 
 

@@ -95,7 +95,18 @@ def event_summary(event: Any) -> str:
             "not_landed": "the call did not take effect",
             "abandon": "the run was abandoned",
         }
-        return f"Reconciled: {verdicts.get(payload.get('verdict'), payload.get('verdict'))}"
+        said = verdicts.get(payload.get("verdict"), payload.get("verdict"))
+        if payload.get("by") == "check":
+            return (
+                f"Reconciled by the automatic check: {said} ({str(payload.get('evidence'))[:200]})"
+            )
+        return f"Reconciled: {said}"
+    if kind == "check":
+        left = " — left to a person" if payload.get("left_to_person") else ""
+        return (
+            f"Automatic check {payload.get('attempt', '?')}: {payload.get('answer', '?')} "
+            f"({str(payload.get('evidence'))[:200]}){left}"
+        )
     if kind in ("lease", "reaper"):
         detail = payload.get("action") or payload.get("rule") or payload.get("verdict") or ""
         return str(detail)
@@ -110,6 +121,8 @@ def decider(event: Any) -> str:
     if event.actor_id is not None and event.actor is not None:
         return event.actor.get_username()
     payload = event.payload if isinstance(event.payload, dict) else {}
+    if payload.get("by") == "check":
+        return "the automatic check"
     recorded = payload.get("decider")
     if recorded:
         return f"{recorded} (account no longer exists)"

@@ -17,7 +17,7 @@ from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
-from agentruns import transitions
+from agentruns import audit, transitions
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
 from agentruns.services import dispatch, reaper
 from agentruns.services.reaper import Verdict
@@ -191,3 +191,27 @@ def test_batched_wake_ups_write_nothing_when_the_block_raises():
         raise RuntimeError("abandoned")
 
     assert not OrmQ.objects.exists()
+
+
+def test_a_batch_chains_each_event_into_its_runs_ledger():
+    """The set-based batch appends to each run's hash chain and writes the head with the
+    verdict: the ledger verifies, and the next writer (a worker's claim) chains on from it."""
+    runs = stale_mix(3)
+    skipped = AgentRunFactory(stale=True)  # renewed before the batch: keeps its genesis head
+    AgentRun.objects.filter(pk=skipped.pk).update(
+        lease_expires=timezone.now() + timedelta(seconds=60)
+    )
+
+    reaper.reap_stale_runs(redispatch=False)
+
+    reclaimed = runs[0]
+    assert transitions.run_claim_queued(run_uuid=reclaimed.uuid, identity="worker:w:1")
+    report = audit.verify()
+    assert report.intact, [b.line() for b in report.broken]
+    assert report.events == len(runs) + 1  # one reaper event each, then the claim's
+    for run in runs:
+        run.refresh_from_db()
+        last = run.events.order_by("sequence").last()
+        assert run.ledger_head == last.hash and last.prev_hash
+    skipped.refresh_from_db()
+    assert skipped.ledger_head == "" and not skipped.events.exists()

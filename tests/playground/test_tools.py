@@ -19,18 +19,18 @@ from tests.support.http_recorder import HTTPRecorder
 pytestmark = pytest.mark.django_db
 
 
-def context(timeout: float = 2.0) -> ToolContext:
+def context(timeout: float = 2.0, call_id: str = "call-7") -> ToolContext:
     return ToolContext(
         run_uuid=uuid.UUID("00000000-0000-0000-0000-0000000000aa"),
-        call_id="call-7",
+        call_id=call_id,
         initiator_id=None,
         fencing_token=5,
         timeout_seconds=timeout,
     )
 
 
-def call(name: str, arguments: Any, timeout: float = 2.0) -> Any:
-    return invoke_tool(registry.get(name), arguments, context(timeout))
+def call(name: str, arguments: Any, timeout: float = 2.0, call_id: str = "call-7") -> Any:
+    return invoke_tool(registry.get(name), arguments, context(timeout, call_id))
 
 
 def allowlist(*entries: str) -> override_settings:
@@ -79,11 +79,19 @@ def test_read_missing_note_is_an_error_result() -> None:
 
 
 def test_create_note_creates_one_per_call() -> None:
-    for _ in range(2):
-        result = call("create_note", {"title": "t", "body": "b"})
+    for call_id in ("call-1", "call-2"):
+        result = call("create_note", {"title": "t", "body": "b"}, call_id=call_id)
         assert result.ok
     assert list(Note.objects.values_list("title", "body")) == [("t", "b"), ("t", "b")]
     assert result.content["id"] == Note.objects.last().pk
+
+
+def test_create_note_stamps_its_key_and_one_key_never_makes_two_notes() -> None:
+    assert call("create_note", {"title": "t", "body": "b"}).ok
+    again = call("create_note", {"title": "t", "body": "b"})  # the same call id: the same key
+    assert again.ok is False and again.error.startswith("DuplicateCall: a note with the")
+    [note] = Note.objects.all()
+    assert note.idempotency_key == context().idempotency_key
 
 
 def test_create_note_refuses_bad_arguments_without_writing() -> None:

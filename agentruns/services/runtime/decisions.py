@@ -79,15 +79,20 @@ def _mismatch(kind: str, decided: str, executing: str) -> EventSpec:
 
 def _reconciled(turn: Turn | None, decision: ReconciliationDecision) -> EventSpec:
     call = decision.call or Call(id="", name="")
-    content = {
+    who = "the tool's automatic check" if decision.by == "check" else "an operator"
+    content: dict[str, Any] = {
         "reconciled": True,
         "landed": decision.landed,
         "message": (
-            "an operator confirmed this call took effect"
+            f"{who} confirmed this call took effect"
             if decision.landed
-            else "an operator confirmed this call did NOT take effect"
+            else f"{who} confirmed this call did NOT take effect"
         ),
     }
+    if decision.by == "check":
+        content["by"] = "check"
+        if decision.landed and decision.result is not None:
+            content["result"] = decision.result
     if turn is not None:
         turn.done.append(call.id)
     return EventSpec(

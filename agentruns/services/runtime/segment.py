@@ -30,6 +30,7 @@ from agentruns.models import (
     Status,
     TerminationReason,
 )
+from agentruns.services import dispatch
 from agentruns.services.runtime.decisions import apply_decision
 from agentruns.services.runtime.failures import (
     settle_internal_error,
@@ -140,7 +141,9 @@ class RunSegment(ProviderStep):
             return stop or Stop.of(Outcome.FAILED, reason=TerminationReason.NOT_RESUMABLE)
         self.state = rehydrated.loop_state
         self.messages = rehydrated.messages
-        self.lease.next_sequence = max(self.lease.next_sequence, rehydrated.next_sequence)
+        if rehydrated.next_sequence > self.lease.next_sequence:
+            # The lease's counter was behind the stored events: so is its head (read it again).
+            self.lease.next_sequence, self.lease.head = rehydrated.next_sequence, None
         return self._loop()
 
     # -- boundaries --
@@ -413,16 +416,20 @@ class RunSegment(ProviderStep):
             return self._lost(at="tool", completed=[doubt])
         if stop := self._flush():
             return stop
+        check = dispatch.initial_check(self.gate.available(call.name))
         pending = PendingTurn.in_doubt(
             stamped,
             run_uuid=self.run.uuid,
             segment=self.lease.owner,
             lease_epoch=self.lease.epoch,
             reason=reason,
+            check=check,
         )
         if transitions.run_park_in_doubt(
             self.lease, pending_turn=pending, loop_state=self.state.to_json(), events=[doubt]
         ):
+            if check is not None:  # the call's tool checks whether it landed (§9.2)
+                dispatch.check_after_commit(str(self.run.uuid))
             if self.observer is not None:
                 self.observer(doubt)
             return Stop(Outcome.AWAITING_RECONCILIATION)

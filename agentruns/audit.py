@@ -1,0 +1,257 @@
+"""Reading the ledger (``agentruns.ledger``): verifying runs' chains and exporting a run's audit
+trail as JSON Lines. Read-only: nothing here writes.
+
+Verification walks runs in batches and each batch's events as a stream ordered by run and
+sequence, so memory does not grow with the table. A run is intact when its events are numbered
+0, 1, 2… without a gap, each one's ``prev_hash`` is the hash before it (the genesis value for the
+first), each one's ``hash`` is what its fields give, its ``actor`` is the recorded one (or null:
+the account was deleted) and the run's head is the last hash. The first bad sequence is named
+with what is wrong there:
+
+* ``missing`` — a sequence number is absent (an event was deleted);
+* ``changed`` — the event's fields do not give its hash (changed in place), or its predecessor was
+  rewritten with a fresh hash (its link no longer matches);
+* ``reordered`` — neither its fields nor its link fit its place: it belongs elsewhere in the chain
+  (events swapped or renumbered);
+* ``head mismatch`` — the events are intact but the run's head does not name the last one (the
+  last events were removed, or the head was altered); the sequence is the one after the last.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db import connection
+from django.db.models import QuerySet, TextField
+from django.db.models.functions import Cast
+
+from agentruns import ledger
+from agentruns.models import AgentRun, AgentRunEvent
+
+RUNS_PER_BATCH = 200
+EVENTS_PER_FETCH = 2000
+
+MISSING = "missing"
+CHANGED = "changed"
+REORDERED = "reordered"
+HEAD_MISMATCH = "head mismatch"
+
+_EVENT_VALUES = (
+    "run_id",
+    "sequence",
+    "kind",
+    "payload_text",
+    "segment",
+    "lease_epoch",
+    "actor_id",
+    "actor_ref",
+    "prev_hash",
+    "hash",
+)
+
+
+@dataclass(frozen=True)
+class Break:
+    """The first place a run's chain does not hold."""
+
+    run_uuid: UUID
+    sequence: int
+    problem: str
+
+    def line(self) -> str:
+        return f"{self.run_uuid}: broken at sequence {self.sequence} ({self.problem})"
+
+
+@dataclass
+class Report:
+    runs: int = 0
+    events: int = 0
+    broken: list[Break] = field(default_factory=list)
+
+    @property
+    def intact(self) -> bool:
+        return not self.broken
+
+    def summary(self) -> str:
+        if self.intact:
+            return f"{self.runs} runs, {self.events} events intact"
+        return f"{len(self.broken)} of {self.runs} runs broken ({self.events} events read)"
+
+
+class _Walk:
+    """One run's chain, fed its events in stored order."""
+
+    def __init__(self, run_uuid: UUID, head: str) -> None:
+        self.run_uuid = run_uuid
+        self.text_uuid = str(run_uuid)
+        self.stored_head = head
+        self.head = ledger.genesis(run_uuid)
+        self.expected = 0
+        self.broken: Break | None = None
+
+    def _fail(self, sequence: int, problem: str) -> None:
+        self.broken = Break(self.run_uuid, sequence, problem)
+
+    def feed(self, row: tuple[Any, ...]) -> None:
+        if self.broken is not None:
+            return
+        _, sequence, kind, text, segment, epoch, actor_id, actor_ref, prev, stored = row
+        if sequence != self.expected:
+            self._fail(self.expected, MISSING)
+            return
+        try:
+            payload = ledger.payload_from_text(text)
+        except (TypeError, ValueError):
+            payload = None  # not JSON: it cannot give its hash
+        computed = ledger.event_hash(
+            prev,
+            run_uuid=self.text_uuid,
+            sequence=sequence,
+            kind=kind,
+            payload=payload,
+            segment=segment,
+            lease_epoch=epoch,
+            actor_id=actor_ref,
+            normalised=True,
+        )
+        fits = computed == stored and actor_id in (None, actor_ref)
+        if prev != self.head:
+            # The link is broken: an intact event after a rewritten one, or one out of place.
+            if fits:
+                self._fail(max(sequence - 1, 0), CHANGED)
+            else:
+                self._fail(sequence, REORDERED)
+            return
+        if not fits:
+            self._fail(sequence, CHANGED)
+            return
+        self.head = stored
+        self.expected += 1
+
+    def finish(self) -> Break | None:
+        # A run created outside the transitions with no event may have no head at all.
+        unwritten = self.stored_head == "" and self.expected == 0
+        if self.broken is None and self.stored_head != self.head and not unwritten:
+            self._fail(self.expected, HEAD_MISMATCH)
+        return self.broken
+
+
+def verify(*, run_uuid: UUID | str | None = None, since: datetime | None = None) -> Report:
+    """Verify every run's chain (or one run's, or those updated since ``since``)."""
+    runs = AgentRun.objects.order_by("pk")
+    if run_uuid is not None:
+        runs = runs.filter(uuid=run_uuid)
+    if since is not None:
+        runs = runs.filter(updated_at__gte=since)
+    report = Report()
+    last_pk = 0
+    while True:
+        batch = list(
+            runs.filter(pk__gt=last_pk).values_list("pk", "uuid", ledger.HEAD_FIELD)[
+                :RUNS_PER_BATCH
+            ]
+        )
+        if not batch:
+            return report
+        last_pk = batch[-1][0]
+        walks = {pk: _Walk(uuid, head) for pk, uuid, head in batch}
+        events = (
+            AgentRunEvent.objects.filter(run_id__in=list(walks))
+            .order_by("run_id", "sequence")
+            # The stored text, parsed once by ``ledger.payload_from_text`` (not by the field).
+            .annotate(payload_text=Cast("payload", TextField()))
+            .values_list(*_EVENT_VALUES)
+        )
+        for row in _raw_rows(events):
+            walks[row[0]].feed(row)
+            report.events += 1
+        for walk in walks.values():
+            report.runs += 1
+            broken = walk.finish()
+            if broken is not None:
+                report.broken.append(broken)
+
+
+def _raw_rows(queryset: QuerySet[Any, Any]) -> Iterator[tuple[Any, ...]]:
+    """The rows of ``queryset`` as the database driver gives them, fetched in chunks through
+    a server-side cursor where the backend has one: no per-row conversion, flat memory."""
+    sql, params = queryset.query.sql_with_params()
+    with connection.chunked_cursor() as cursor:
+        cursor.execute(sql, params)
+        while rows := cursor.fetchmany(EVENTS_PER_FETCH):
+            yield from rows
+
+
+# --- Export --------------------------------------------------------------------------------------
+
+
+def export_lines(run: AgentRun) -> Iterator[str]:
+    """A run's audit trail as JSON Lines: a ``run`` line (uuid, status, the head, how many
+    events, the format), then one ``event`` line per event up to the one the head names, each
+    with what its hash covers and its ``prev_hash`` and ``hash``. Events appended after the head
+    was read are left out, so the file is one consistent prefix of the chain."""
+    head = getattr(run, ledger.HEAD_FIELD) or ledger.genesis(run.uuid)
+    count = (
+        AgentRunEvent.objects.filter(run_id=run.pk, hash=head)
+        .values_list("sequence", flat=True)
+        .first()
+    )
+    events = AgentRunEvent.objects.filter(run_id=run.pk).order_by("sequence")
+    if count is not None:
+        events = events.filter(sequence__lte=count)
+        total = count + 1
+    else:
+        total = events.count()
+    yield _line(
+        {
+            "type": "run",
+            "format": f"leasehold-ledger-v{ledger.VERSION}",
+            "run": str(run.uuid),
+            "status": run.status,
+            "head": head,
+            "events": total,
+        }
+    )
+    rows = events.values_list(
+        "sequence",
+        "kind",
+        "payload",
+        "segment",
+        "lease_epoch",
+        "actor_ref",
+        "prev_hash",
+        "hash",
+        "duration_ms",
+        "created_at",
+    )
+    for row in rows.iterator(chunk_size=EVENTS_PER_FETCH):
+        sequence, kind, payload, segment, epoch, actor_ref, prev, stored, ms, at = row
+        yield _line(
+            {
+                "type": "event",
+                "run": str(run.uuid),
+                "sequence": sequence,
+                "kind": kind,
+                "payload": payload,
+                "segment": segment,
+                "lease_epoch": epoch,
+                "actor": actor_ref,
+                "prev_hash": prev,
+                "hash": stored,
+                "duration_ms": ms,
+                "created_at": at.isoformat() if at is not None else None,
+            }
+        )
+
+
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(record, ensure_ascii=True, separators=(",", ":")) + "\n"
+
+
+def export_filename(run: AgentRun) -> str:
+    return f"run-{run.uuid}-audit.jsonl"

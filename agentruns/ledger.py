@@ -1,0 +1,215 @@
+"""The tamper-evident ledger: how a run's events are chained and where the chain's head lives
+(docs/design.md §1.10).
+
+Every event carries ``prev_hash`` (the hash of the run's previous event, or the run's genesis
+value for its first) and ``hash``: SHA-256 over the previous hash and the canonical JSON of the
+event's run uuid, sequence, kind, payload, segment, lease epoch and actor. The run row keeps the
+head (``AgentRun.ledger_head``, the last event's hash; the genesis value while it has none),
+written by the writer (``agentruns.transitions._writer``) in the same guarded statement or
+transaction as the events, so removing the last events is detected too.
+
+This module is the only place that knows the format and the head column: the writer asks it for
+the links of the events it appends (``chain``) and writes ``HEAD_FIELD`` with them; the audit
+(``agentruns.audit``) recomputes them. Free of queries but ``read_head`` / ``write_head``.
+
+The format is version 1; a standalone verifier needs only this (README, "Verifying an export"):
+
+* ``genesis(uuid) = sha256("leasehold-ledger-v1:" + uuid)`` (hex, lowercase uuid with hyphens);
+* ``hash = sha256(prev_hash + canonical)`` (both as ASCII text), where ``canonical`` is
+  ``json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True)`` of
+  ``{"run": uuid, "sequence", "kind", "payload", "segment", "lease_epoch", "actor"}`` (``actor``
+  the deciding user's id or null) with every float that is a whole number written as an integer
+  (PostgreSQL's ``jsonb`` gives ``1e16`` back as ``10000000000000000``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from agentruns.leases import EventSpec
+
+VERSION = 1
+GENESIS_PREFIX = "leasehold-ledger-v1:"
+#: The run column holding the chain's head.
+HEAD_FIELD = "ledger_head"
+HASH_LENGTH = 64
+
+
+def genesis(run_uuid: UUID | str) -> str:
+    """The value a run's first event chains from (and the head of a run with no events)."""
+    return hashlib.sha256(f"{GENESIS_PREFIX}{str(run_uuid).lower()}".encode("ascii")).hexdigest()
+
+
+def _json_key(key: Any) -> str:
+    """A dict key as ``json.dumps`` writes it (and so as the database gives it back)."""
+    if key is True or key is False or key is None:
+        return json.dumps(key)
+    return key if isinstance(key, str) else str(json.loads(json.dumps(key)))
+
+
+def _normalised(value: Any) -> Any:
+    """``value`` as it reads back from either database after a JSON round trip — tuples as
+    lists, keys as strings — with whole floats as integers. One walk, no serialising: this runs
+    for every event a boundary appends."""
+    kind = type(value)
+    if kind is dict:
+        return {
+            (key if type(key) is str else _json_key(key)): _normalised(item)
+            for key, item in value.items()
+        }
+    if kind is list or kind is tuple:
+        return [_normalised(item) for item in value]
+    if kind is float:
+        return int(value) if value.is_integer() else value
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if isinstance(value, dict):
+        return _normalised(dict(value))
+    if isinstance(value, list | tuple):
+        return [_normalised(item) for item in value]
+    if isinstance(value, float):
+        return _normalised(float(value))
+    return value
+
+
+def _whole_or_float(text: str) -> Any:
+    number = float(text)
+    return int(number) if number.is_integer() else number
+
+
+_DECODER = json.JSONDecoder(parse_float=_whole_or_float)
+
+
+def payload_from_text(text: str) -> Any:
+    """A payload's stored JSON text parsed canonically (whole floats as integers) in one pass of
+    the C parser: what the verification reads, much faster than decoding and then walking."""
+    return _DECODER.decode(text)
+
+
+def canonical_payload(payload: Any) -> Any:
+    """The payload as the database will give it back (``_normalised``)."""
+    return _normalised(payload)
+
+
+# ``json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True)``, with the
+# encoder built once (``dumps`` builds one per call when given options).
+_encode = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode
+
+
+def canonical(
+    *,
+    run_uuid: UUID | str,
+    sequence: int,
+    kind: str,
+    payload: Any,
+    segment: str,
+    lease_epoch: int,
+    actor_id: int | None,
+) -> str:
+    """The canonical JSON text of one event (``payload`` already canonical)."""
+    return _encode(
+        {
+            "run": run_uuid.lower() if isinstance(run_uuid, str) else str(run_uuid),
+            "sequence": sequence,
+            "kind": str(kind),
+            "payload": payload,
+            "segment": segment,
+            "lease_epoch": lease_epoch,
+            "actor": actor_id,
+        }
+    )
+
+
+def link(prev_hash: str, canonical_text: str) -> str:
+    """``sha256(prev_hash + canonical_text)``, hex."""
+    return hashlib.sha256((prev_hash + canonical_text).encode("ascii")).hexdigest()
+
+
+def event_hash(
+    prev_hash: str,
+    *,
+    run_uuid: UUID | str,
+    sequence: int,
+    kind: str,
+    payload: Any,
+    segment: str,
+    lease_epoch: int,
+    actor_id: int | None,
+    normalised: bool = False,
+) -> str:
+    """The hash of an event as stored (``payload`` as read back from the database; already
+    canonical with ``normalised``, e.g. from ``payload_from_text``)."""
+    return link(
+        prev_hash,
+        canonical(
+            run_uuid=run_uuid,
+            sequence=sequence,
+            kind=kind,
+            payload=payload if normalised else _normalised(payload),
+            segment=segment,
+            lease_epoch=lease_epoch,
+            actor_id=actor_id,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class Link:
+    """One appended event's place in the chain."""
+
+    prev_hash: str
+    hash: str
+
+
+def chain(
+    *,
+    run_uuid: UUID | str,
+    prev_hash: str,
+    first_sequence: int,
+    segment: str,
+    lease_epoch: int,
+    events: Iterable[EventSpec],
+) -> tuple[list[Link], str]:
+    """The links of ``events`` appended after ``prev_hash``, numbered from ``first_sequence``
+    and signed ``segment``/``lease_epoch``; and the new head."""
+    links = []
+    head = prev_hash
+    run_text = str(run_uuid).lower()
+    for sequence, spec in enumerate(events, start=first_sequence):
+        text = canonical(
+            run_uuid=run_text,
+            sequence=sequence,
+            kind=str(spec.kind),
+            payload=canonical_payload(spec.payload),
+            segment=segment,
+            lease_epoch=lease_epoch,
+            actor_id=spec.actor_id,
+        )
+        current = link(head, text)
+        links.append(Link(prev_hash=head, hash=current))
+        head = current
+    return links, head
+
+
+# --- The head on the run row -------------------------------------------------------------------
+
+
+def read_head(run_id: int) -> tuple[UUID, str]:
+    """The run's uuid and stored head (call while holding the row: lock, guard or lease). A run
+    whose head was never written (``""``) chains from its genesis value."""
+    from agentruns.models import AgentRun
+
+    run_uuid, head = AgentRun.objects.filter(pk=run_id).values_list("uuid", HEAD_FIELD).get()
+    return run_uuid, head or genesis(run_uuid)
+
+
+def write_head(run_id: int, head: str) -> None:
+    """Store ``head`` on the run (in the transaction that appended the events it names)."""
+    from agentruns.models import AgentRun
+
+    AgentRun.objects.filter(pk=run_id).update(**{HEAD_FIELD: head})

@@ -1,0 +1,357 @@
+"""The tamper-evident ledger (issue 13 §2): every event chained to the one before it, the head on
+the run row, ``verify_ledger`` naming what was changed, deleted, swapped or cut off, and the
+audit export verified by the README's standalone script. On SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from datetime import timedelta
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from agentruns import audit, ledger
+from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
+from agentruns.services import runs
+from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTE = {"name": "create_note", "arguments": {"title": "t", "body": "b"}}
+DECIDER = ["agentruns.decide_agentrun"]
+
+
+def approved_run(*, floats: bool = False) -> AgentRun:
+    """A run through real transitions: born, paused for approval, approved inline by a person
+    (an event with an actor), completed. ``floats``: its answer carries awkward numbers."""
+    answer = {"content": "done"}
+    script = [{"tool_calls": [NOTE]}, answer]
+    if floats:
+        # Refused at once (no such arguments): its event stores the numbers as the model sent
+        # them, whole floats too (PostgreSQL's jsonb gives 1e16 back as an integer).
+        odd = {"title": "t", "body": "b", "weight": 1e16, "ratio": 0.1, "whole": 2.0}
+        script = [{"tool_calls": [{**NOTE, "arguments": odd}]}, {"tool_calls": [NOTE]}, answer]
+    configuration = AgentConfigurationFactory(tools=[], script=script)
+    started = runs.run_start_sync(configuration=configuration, prompt="go")
+    staff = UserFactory(permissions=DECIDER)
+    runs.run_decide(
+        run_uuid=started.run.uuid,
+        actor=staff,
+        approved=True,
+        turn_digest=started.run.pending_turn["turn_digest"],
+        mode="inline",
+    )
+    run = AgentRun.objects.get(pk=started.run.pk)
+    assert run.status == Status.COMPLETED
+    return run
+
+
+def stream(run: AgentRun) -> list[AgentRunEvent]:
+    return list(AgentRunEvent.objects.filter(run=run).order_by("sequence"))
+
+
+def verify(*args: str) -> tuple[int, str]:
+    out = StringIO()
+    try:
+        call_command("verify_ledger", *args, stdout=out)
+    except CommandError as exc:
+        return exc.returncode, out.getvalue() + str(exc)
+    return 0, out.getvalue()
+
+
+def sql(statement: str, params: list) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+
+
+def test_every_event_chains_to_the_one_before_and_the_head_names_the_last():
+    run = approved_run()
+    events = stream(run)
+    assert [e.kind for e in events][:2] == [EventKind.LEASE, EventKind.REQUEST]
+    assert any(e.actor_id is not None and e.actor_ref == e.actor_id for e in events)
+    head = ledger.genesis(run.uuid)
+    for event in events:
+        assert event.prev_hash == head
+        assert event.hash == ledger.event_hash(
+            event.prev_hash,
+            run_uuid=run.uuid,
+            sequence=event.sequence,
+            kind=event.kind,
+            payload=event.payload,
+            segment=event.segment,
+            lease_epoch=event.lease_epoch,
+            actor_id=event.actor_ref,
+        )
+        head = event.hash
+    assert run.ledger_head == head
+
+
+def test_a_queued_run_starts_at_its_genesis_and_chains_from_its_claim():
+    configuration = AgentConfigurationFactory(tools=[], script=[{"content": "hi"}])
+    run = runs.run_enqueue(configuration=configuration, prompt="go")
+    assert AgentRun.objects.get(pk=run.pk).ledger_head == ledger.genesis(run.uuid)
+    runs.run_process_queued(run_uuid=run.uuid)
+    assert verify("--run", str(run.uuid)) == (0, f"1 runs, {len(stream(run))} events intact\n")
+
+
+def test_verify_ledger_reports_intact_runs_and_counts_them():
+    first, second = approved_run(), approved_run(floats=True)
+    total = len(stream(first)) + len(stream(second))
+    assert verify() == (0, f"2 runs, {total} events intact\n")
+
+
+def test_a_payload_changed_by_sql_is_named():
+    run, other = approved_run(), approved_run()
+    target = stream(run)[3]
+    sql(
+        f"UPDATE {AgentRunEvent._meta.db_table} SET payload = %s WHERE id = %s",
+        ['{"forged": true}', target.pk],
+    )
+    code, output = verify()
+    assert code == 1
+    assert f"{run.uuid}: broken at sequence 3 (changed)" in output
+    assert str(other.uuid) not in output
+    assert "1 of 2 runs broken" in output
+
+
+def test_a_deleted_event_is_named():
+    run = approved_run()
+    sql(f"DELETE FROM {AgentRunEvent._meta.db_table} WHERE id = %s", [stream(run)[2].pk])
+    assert verify("--run", str(run.uuid))[0] == 1
+    assert f"{run.uuid}: broken at sequence 2 (missing)" in verify()[1]
+
+
+def test_two_swapped_events_are_named():
+    run = approved_run()
+    a, b = stream(run)[1:3]
+    table = AgentRunEvent._meta.db_table
+    sql(f"UPDATE {table} SET sequence = 1000000 WHERE id = %s", [a.pk])
+    sql(f"UPDATE {table} SET sequence = %s WHERE id = %s", [a.sequence, b.pk])
+    sql(f"UPDATE {table} SET sequence = %s WHERE id = %s", [b.sequence, a.pk])
+    code, output = verify()
+    assert code == 1
+    assert f"{run.uuid}: broken at sequence 1 (reordered)" in output
+
+
+def test_an_altered_head_is_named():
+    run = approved_run()
+    AgentRun.objects.filter(pk=run.pk).update(ledger_head="0" * 64)
+    code, output = verify()
+    assert code == 1
+    assert f"{run.uuid}: broken at sequence {len(stream(run))} (head mismatch)" in output
+
+
+def test_removing_the_last_events_is_named_through_the_head():
+    run = approved_run()
+    count = len(stream(run))
+    AgentRunEvent.objects.filter(run=run, sequence__gte=count - 2).delete()
+    code, output = verify()
+    assert code == 1
+    assert f"{run.uuid}: broken at sequence {count - 2} (head mismatch)" in output
+
+
+def test_a_decision_moved_to_someone_else_is_named_but_a_deleted_account_is_not():
+    run = approved_run()
+    [approval] = [e for e in stream(run) if e.kind == EventKind.APPROVAL]
+    someone = UserFactory()
+    AgentRunEvent.objects.filter(pk=approval.pk).update(actor=someone)
+    assert f"broken at sequence {approval.sequence} (changed)" in verify()[1]
+
+    AgentRunEvent.objects.filter(pk=approval.pk).update(actor=approval.actor_id)
+    approval.actor.delete()  # the event keeps actor_ref; the ledger is unchanged
+    assert AgentRunEvent.objects.get(pk=approval.pk).actor_id is None
+    assert verify()[0] == 0
+
+
+def test_run_and_since_narrow_what_is_verified_and_bad_arguments_exit_2():
+    old, new = approved_run(), approved_run()
+    AgentRun.objects.filter(pk=old.pk).update(updated_at=timezone.now() - timedelta(days=10))
+    AgentRunEvent.objects.filter(run=old).update(payload={"forged": True})
+    since = (timezone.now() - timedelta(days=1)).date().isoformat()
+    assert verify("--since", since) == (0, f"1 runs, {len(stream(new))} events intact\n")
+    assert verify("--run", str(new.uuid))[0] == 0
+    assert verify("--run", str(old.uuid))[0] == 1
+    assert verify("--run", "not-a-uuid")[0] == 2
+    assert verify("--run", "00000000-0000-0000-0000-000000000000")[0] == 2
+    assert verify("--since", "yesterday")[0] == 2
+
+
+def test_verification_streams_batches_of_runs():
+    made = [approved_run() for _ in range(3)]
+    audit_batch = audit.RUNS_PER_BATCH
+    try:
+        audit.RUNS_PER_BATCH = 2
+        report = audit.verify()
+    finally:
+        audit.RUNS_PER_BATCH = audit_batch
+    assert (report.runs, report.intact) == (3, True)
+    assert report.events == sum(len(stream(r)) for r in made)
+
+
+# --- Export --------------------------------------------------------------------------------------
+
+
+def api_for(user) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return client
+
+
+def export(run: AgentRun, tmp_path: Path) -> Path:
+    staff = UserFactory(is_staff=True, permissions=DECIDER)
+    response = api_for(staff).get(f"/api/runs/{run.uuid}/audit/")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/jsonl"
+    assert f"run-{run.uuid}-audit.jsonl" in response["Content-Disposition"]
+    path = tmp_path / "audit.jsonl"
+    path.write_bytes(b"".join(response.streaming_content))
+    return path
+
+
+def readme_script(tmp_path: Path) -> Path:
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- verify-audit-script -->\s*```python\n(.*?)```", readme, re.S)
+    assert block is not None, "the README shows the verification script"
+    script = tmp_path / "verify_audit.py"
+    script.write_text(block.group(1))
+    return script
+
+
+def run_script(script: Path, exported: Path) -> subprocess.CompletedProcess:
+    # -I: isolated, nothing of Leasehold (or this checkout) importable.
+    return subprocess.run(
+        [sys.executable, "-I", str(script), str(exported)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=exported.parent,
+    )
+
+
+def test_the_readme_script_verifies_an_exported_file_without_leasehold(tmp_path):
+    run = approved_run(floats=True)
+    exported = export(run, tmp_path)
+    lines = exported.read_text().splitlines()
+    assert len(lines) == 1 + len(stream(run))
+    script = readme_script(tmp_path)
+
+    checked = run_script(script, exported)
+    assert checked.returncode == 0, checked.stderr
+    assert f"{len(stream(run))} events intact" in checked.stdout
+
+    forged = exported.read_text().replace('"ratio":0.1', '"ratio":0.2')
+    assert forged != exported.read_text()
+    exported.write_text(forged)
+    refused = run_script(script, exported)
+    assert refused.returncode == 1
+    assert "broken at sequence" in refused.stderr
+
+
+def test_the_script_notices_a_file_cut_short(tmp_path):
+    run = approved_run()
+    exported = export(run, tmp_path)
+    exported.write_text("".join(exported.read_text().splitlines(keepends=True)[:-1]))
+    refused = run_script(readme_script(tmp_path), exported)
+    assert refused.returncode == 1
+    assert "head mismatch" in refused.stderr
+
+
+def test_the_timeline_page_links_the_export_and_serves_the_same_file(client, tmp_path):
+    run = approved_run()
+    staff = UserFactory(is_staff=True, permissions=DECIDER)
+    client.force_login(staff)
+    page = client.get(f"/admin/approvals/runs/{run.uuid}/")
+    assert page.status_code == 200
+    link = f"/admin/approvals/runs/{run.uuid}/audit.jsonl"
+    assert link in page.content.decode()
+    download = client.get(link)
+    assert download.status_code == 200
+    body = b"".join(download.streaming_content)
+    assert body == export(run, tmp_path).read_bytes()
+
+
+def test_the_export_is_refused_to_someone_who_may_not_see_the_run():
+    run = approved_run()
+    stranger = UserFactory(is_staff=True)
+    response = api_for(stranger).get(f"/api/runs/{run.uuid}/audit/")
+    assert response.status_code == 404
+    assert response.json()["code"] == "run_not_found"
+
+
+def test_the_schema_documents_the_audit_endpoint():
+    staff = UserFactory(is_staff=True)
+    schema = api_for(staff).get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    operation = schema["paths"]["/api/runs/{uuid}/audit/"]["get"]
+    assert operation["operationId"] == "runs_audit"
+    assert "application/jsonl" in operation["responses"]["200"]["content"]
+
+
+# --- The migration fills the chain for existing runs ---------------------------------------------
+
+BEFORE_THE_LEDGER = ("agentruns", "0012_metrics_counter")
+
+
+def migrate(targets: list[tuple[str, str]]) -> None:
+    from django.db.migrations.executor import MigrationExecutor
+
+    MigrationExecutor(connection).migrate(targets)
+
+
+def latest() -> list[tuple[str, str]]:
+    from django.db.migrations.executor import MigrationExecutor
+
+    return MigrationExecutor(connection).loader.graph.leaf_nodes()
+
+
+@pytest.fixture
+def at_latest_afterwards():
+    yield
+    migrate(latest())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_chains_the_events_of_existing_runs(at_latest_afterwards):
+    from django.db.migrations.executor import MigrationExecutor
+
+    staff = UserFactory()
+    migrate([BEFORE_THE_LEDGER])
+    old = MigrationExecutor(connection).loader.project_state([BEFORE_THE_LEDGER]).apps
+    Configuration = old.get_model("agentruns", "AgentConfiguration")
+    Run = old.get_model("agentruns", "AgentRun")
+    Event = old.get_model("agentruns", "AgentRunEvent")
+    configuration = Configuration.objects.create(slug="old", name="old")
+    with_events = Run.objects.create(configuration=configuration, prompt="p", status="completed")
+    without = Run.objects.create(configuration=configuration, prompt="q", status="queued")
+    payloads = [{"action": "claimed"}, {"n": 1e16, "ratio": 0.5}, {"approved": True}]
+    for sequence, payload in enumerate(payloads):
+        Event.objects.create(
+            run=with_events,
+            sequence=sequence,
+            kind="approval" if sequence == 2 else "lease",
+            segment="worker:old:1",
+            lease_epoch=1,
+            payload=payload,
+            actor_id=staff.pk if sequence == 2 else None,
+        )
+
+    migrate(latest())
+
+    report = audit.verify()
+    assert (report.runs, report.events, report.intact) == (2, 3, True)
+    assert AgentRun.objects.get(pk=without.pk).ledger_head == ledger.genesis(without.uuid)
+    events = stream(AgentRun.objects.get(pk=with_events.pk))
+    assert events[0].prev_hash == ledger.genesis(with_events.uuid)
+    assert events[2].actor_ref == staff.pk
+    assert AgentRun.objects.get(pk=with_events.pk).ledger_head == events[-1].hash
+    # A run created after the migration continues the same way.
+    assert verify("--run", str(approved_run().uuid))[0] == 0
