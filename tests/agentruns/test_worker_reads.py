@@ -1,6 +1,9 @@
 """What the worker's task reads of the run row (docs/design.md §10): the claim reads it once,
-by uuid; the segment loads it once; the task, which reports only the outcome, does not read it
-again at the end. A caller that wants the run after the segment still gets it read afresh."""
+by uuid, and once more for the ledger head under the row its UPDATE holds (a head read before
+that UPDATE could be stale: a redispatch appends to a queued run without changing what the
+claim's guard compares); the segment loads it once; the task, which reports only the outcome,
+does not read it again at the end. A caller that wants the run after the segment still gets it
+read afresh."""
 
 from __future__ import annotations
 
@@ -35,13 +38,13 @@ def run_row_reads(queries: CaptureQueriesContext) -> int:
     )
 
 
-def test_the_task_reads_the_run_row_twice_the_claim_and_the_segment():
+def test_the_task_reads_the_run_row_three_times_the_claim_its_head_and_the_segment():
     run = queued_run()
 
     with CaptureQueriesContext(connection) as queries:
         assert tasks.process_run(str(run.uuid)) == "completed"
 
-    assert run_row_reads(queries) == 2
+    assert run_row_reads(queries) == 3
     assert AgentRun.objects.get(pk=run.pk).status == Status.COMPLETED
 
 
@@ -53,7 +56,7 @@ def test_a_caller_of_the_service_gets_the_run_as_the_segment_left_it():
 
     assert result is not None and result.outcome == "completed"
     assert result.run.status == Status.COMPLETED  # read again at the end
-    assert run_row_reads(queries) == 3
+    assert run_row_reads(queries) == 4
 
 
 def test_a_task_for_a_run_that_is_not_queued_reads_it_once_and_does_nothing():
