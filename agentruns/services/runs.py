@@ -13,9 +13,9 @@ from uuid import UUID
 
 from agentruns import conf, selectors, transitions
 from agentruns.authority import (
-    CANCEL_PERMISSION,
     DECIDE_PERMISSION,
     Decider,
+    cancel_authority,
 )
 from agentruns.exceptions import (
     ConfigurationNotFound,
@@ -131,6 +131,8 @@ def run_start_sync(
     )
     if on_claim is not None:
         on_claim(lease)
+    if observer is not None:
+        observer(transitions.birth_event())  # committed with the run: the live trace shows it
     return continue_segment(lease, observer=observer)
 
 
@@ -177,12 +179,14 @@ def run_cancel(*, run_uuid: UUID | str, actor: User | None = None, note: str = "
         return transitions.run_cancel(run_id=run_id, note=note)
     run = selectors.run_get(run_uuid=run_uuid, user=actor)
     person = Decider(actor)
-    started_it = run.initiator_id is not None and run.initiator_id == actor.pk
-    if not started_it and not person.has_perm(CANCEL_PERMISSION):
-        raise NotPermitted(f"cancelling a run someone else started needs {CANCEL_PERMISSION}")
-    may_end_in_doubt = person.has_perm(DECIDE_PERMISSION)
-    if run.status == Status.WAITING_FOR_RECONCILIATION and not may_end_in_doubt:
-        raise NotPermitted(CANCEL_IN_DOUBT_REFUSAL)
+    authority = cancel_authority(
+        person,
+        initiator_id=run.initiator_id,
+        in_doubt=run.status == Status.WAITING_FOR_RECONCILIATION,
+    )
+    if not authority.allowed:
+        raise NotPermitted(authority.missing[0])
+    may_end_in_doubt = authority.may_decide
     if transitions.run_cancel(
         run_id=run.pk, actor_id=user_id(actor), note=note, in_doubt=may_end_in_doubt
     ):

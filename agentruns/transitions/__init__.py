@@ -42,6 +42,7 @@ from agentruns.transitions.reaper import (
     run_settle_undispatched,
 )
 from agentruns.transitions.segment import (
+    birth_event,
     run_claim_queued,
     run_clear_fence,
     run_enqueue,
@@ -55,6 +56,7 @@ from agentruns.transitions.segment import (
 )
 
 __all__ = [
+    "birth_event",
     "run_abandon",
     "run_cancel",
     "run_claim_queued",

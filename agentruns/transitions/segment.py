@@ -32,6 +32,11 @@ from agentruns.turns import (
 # --- Births ------------------------------------------------------------------------------------
 
 
+def birth_event() -> EventSpec:
+    """The ``lease`` event ``run_start`` writes with a run claimed at birth."""
+    return EventSpec(EventKind.LEASE, {"action": "claimed_at_birth"})
+
+
 @state_write
 def run_start(
     *,
@@ -55,9 +60,7 @@ def run_start(
             started_at=Now(),
         )
         lease = Lease(run.pk, run.uuid, identity, 1, next_sequence=0)
-        lease.next_sequence = insert_events(
-            run.pk, 0, identity, 1, [EventSpec(EventKind.LEASE, {"action": "claimed_at_birth"})]
-        )
+        lease.next_sequence = insert_events(run.pk, 0, identity, 1, [birth_event()])
     return lease
 
 

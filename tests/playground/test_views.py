@@ -236,8 +236,12 @@ def test_the_input_form_is_rendered_and_its_values_typed(dev_client):
     run = AgentRun.objects.get()
     html = dev_client.get(f"/playground/runs/{run.uuid}/").content.decode()
     # ask_human declares answer, then priority: the shared input form names them value-f0, -f1.
-    assert '<label for="id_value-f0">Answer *</label>' in html
-    assert '<label for="id_value-f1">Priority</label>' in html
+    assert '<label for="id_value-f0">Your answer (required)</label>' in html
+    assert '<label for="id_value-f1">Priority (0 or more) (optional)</label>' in html
+    # The question leads, above the form; the schema's descriptions are the fields' hints.
+    assert html.index('<p class="text">Which colour?</p>') < html.index('<label for="id_value-f0">')
+    assert "What the agent is told in reply to its question." in html
+    assert 'aria-describedby="id_value-f0_helptext"' in html
     assert 'type="number" name="value-f1"' in html
 
     refused = dev_client.post(
@@ -246,7 +250,9 @@ def test_the_input_form_is_rendered_and_its_values_typed(dev_client):
     )
     assert refused.status_code == 422
     text = refused.content.decode()
-    assert "do not match the input schema" in text and "Answer: This field is required." in text
+    assert (
+        "do not match the input schema" in text and "Your answer: This field is required." in text
+    )
     assert 'value="2"' in text  # the value typed is kept
     assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_INPUT
 
