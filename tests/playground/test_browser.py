@@ -6,7 +6,6 @@ Needs Debian's ``/usr/bin/chromium`` (``.ci/run`` installs it) and Playwright's 
 from __future__ import annotations
 
 import pytest
-
 from django.conf import settings
 
 from agentruns.models import AgentRun, Status
