@@ -8,6 +8,7 @@ run does not exist for them: not listed, and its pages answer 404.
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db import models
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
@@ -169,7 +170,7 @@ class AgentRunAdmin(_VisibleOnly):
                     "opts": self.model._meta,
                     "runs": selected,
                     "action": "cancel_runs",
-                    "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                    "action_checkbox_name": ACTION_CHECKBOX_NAME,
                 },
             )
         cancelled, ended = 0, 0
