@@ -16,6 +16,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, Stream
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from agentruns import display, selectors
@@ -168,7 +169,13 @@ def _stream(request: HttpRequest, start: Callable[..., SegmentResult]) -> Stream
             "html": trace.render_step(ctx),
         }
 
+    zone = timezone.get_current_timezone()  # rendered later, after the middleware is done
+
     def end_line(result: SegmentResult) -> dict[str, Any]:
+        with timezone.override(zone):
+            return _end_line(result)
+
+    def _end_line(result: SegmentResult) -> dict[str, Any]:
         run = result.run
         return {
             "run": str(run.uuid),
