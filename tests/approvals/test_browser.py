@@ -64,10 +64,10 @@ def overflows(page) -> bool:
     return page.evaluate("document.documentElement.scrollWidth > window.innerWidth + 1")
 
 
-def screenshot(page, name: str) -> Path:
+def screenshot(page, name: str, *, full_page: bool = True) -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     path = ARTIFACTS / name
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path), full_page=full_page)
     return path
 
 
@@ -237,7 +237,7 @@ def test_every_card_type_in_one_inbox(browser, live_server, decider, initiator, 
     page.set_viewport_size({"width": 400, "height": 900})
     assert_accessible_copy(page)
     assert not overflows(page), "the inbox scrolls sideways at 400 px"
-    screenshot(page, "inbox-400.png")
+    screenshot(page, "inbox-400.png", full_page=False)
 
 
 def test_a_reviewer_without_the_tool_s_permission_sees_deny_only_and_what_is_missing(
@@ -277,3 +277,30 @@ def test_a_reviewer_without_the_tool_s_permission_sees_deny_only_and_what_is_mis
     shown.get_by_role("button", name="Deny").click()
     assert messages(reviewer)[0].startswith("Denied:")
     assert AgentRun.objects.get(pk=run.pk).status == Status.QUEUED
+
+
+def test_cancel_from_the_timeline_without_javascript_and_axe_on_the_run_pages(
+    browser, live_server, decider, initiator
+):
+    """The initiator cancels their own run from its timeline, through the confirmation step,
+    with JavaScript off; the timeline, the confirmation and recent runs pass axe-core."""
+    run = start_waiting_run(initiator=initiator)
+    page = new_page(browser)
+    log_in(page, live_server, initiator)
+    assert_accessible_copy(page)  # the admin index, with our links to the inbox and playground
+    page.goto(f"{live_server.url}{reverse('approvals:recent')}")
+    assert_accessible_copy(page)
+    page.click(f"a[href='{reverse('approvals:run', args=[run.uuid])}']")
+    assert "Times are in UTC" in page.inner_text("#content-main")
+    assert_accessible_copy(page)
+    page.click(".approvals-summary a.approvals-cancel-link")
+    assert page.locator("#content-main h2").first.inner_text().startswith("Cancel run")
+    assert_accessible_copy(page)
+    assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_APPROVAL
+    page.get_by_role("button", name="Cancel the run").click()
+    assert messages(page)[0].startswith("Run cancelled.")
+    assert page.url.endswith(reverse("approvals:run", args=[run.uuid]))
+    assert AgentRun.objects.get(pk=run.pk).status == Status.CANCELLED
+    assert "cancelled in the approvals inbox" in page.inner_text(".approvals-timeline")
+    page.set_viewport_size({"width": 320, "height": 800})
+    assert not overflows(page), "the timeline scrolls sideways at 320 px"

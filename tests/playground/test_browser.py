@@ -74,10 +74,10 @@ def overflows(page) -> bool:
     return page.evaluate("document.documentElement.scrollWidth > window.innerWidth + 1")
 
 
-def shot(page, name: str) -> None:
+def shot(page, name: str, *, full_page: bool = False) -> None:
     artifacts = settings.BASE_DIR / "artifacts"
     artifacts.mkdir(exist_ok=True)
-    page.screenshot(path=str(artifacts / name))
+    page.screenshot(path=str(artifacts / name), full_page=full_page)
 
 
 def test_the_streamed_playground_keeps_up_and_passes_axe(page, live_server):
@@ -130,7 +130,7 @@ def test_the_streamed_playground_keeps_up_and_passes_axe(page, live_server):
     assert "non_idempotent_write" not in page.inner_text("body")
     assert_accessible(page)
     page.set_viewport_size({"width": 1280, "height": 900})
-    shot(page, "playground-1280.png")
+    shot(page, "playground-1280.png", full_page=True)
     page.set_viewport_size({"width": 400, "height": 900})
     assert not overflows(page), "the playground scrolls sideways at 400 px"
     assert_accessible(page)
