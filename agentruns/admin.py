@@ -225,7 +225,15 @@ class AgentRunEventAdmin(_VisibleOnly):
     list_display = ["run", "sequence", "kind", "segment", "lease_epoch", "duration_ms", "actor"]
     list_filter = ["kind"]
     list_select_related = ["run", "actor"]
-    readonly_fields = [f.name for f in AgentRunEvent._meta.fields]
+    exclude = ["payload"]
+    readonly_fields = [
+        *(f.name for f in AgentRunEvent._meta.fields if f.name != "payload"),
+        "payload_json",
+    ]
+
+    @admin.display(description="payload")
+    def payload_json(self, obj: AgentRunEvent) -> str:
+        return format_html("<pre>{}</pre>", pretty_json(obj.payload))
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[AgentRunEvent]:
         return selectors.visible_events(user=request.user, queryset=super().get_queryset(request))

@@ -237,6 +237,9 @@ def test_every_card_type_in_one_inbox(browser, live_server, decider, initiator, 
     page.set_viewport_size({"width": 400, "height": 900})
     assert_accessible_copy(page)
     assert not overflows(page), "the inbox scrolls sideways at 400 px"
+    page.set_viewport_size({"width": 320, "height": 900})
+    assert not overflows(page), "the inbox (idempotency keys, inputs) scrolls sideways at 320 px"
+    page.set_viewport_size({"width": 400, "height": 900})
     screenshot(page, "inbox-400.png", full_page=False)
 
 
