@@ -23,7 +23,7 @@ from agentruns.exceptions import (
     NotPermitted,
 )
 from agentruns.identity import execution_identity
-from agentruns.leases import Lease
+from agentruns.leases import EventSpec, Lease
 from agentruns.models import (
     AgentConfiguration,
     AgentRun,
@@ -131,9 +131,23 @@ def run_start_sync(
     )
     if on_claim is not None:
         on_claim(lease)
-    if observer is not None:
-        observer(transitions.birth_event())  # committed with the run: the live trace shows it
-    return continue_segment(lease, observer=observer)
+    return continue_segment(lease, observer=_after_birth(observer))
+
+
+def _after_birth(observer: EventObserver | None) -> EventObserver | None:
+    """``observer``, first shown the run's claim at birth (committed with the run) with the
+    segment's first event: a live trace shows what the stored trace shows, and an observer that
+    raises does so inside the segment, which settles the run as for any other event."""
+    if observer is None:
+        return None
+    pending = [transitions.birth_event()]
+
+    def observe(spec: EventSpec) -> None:
+        while pending:
+            observer(pending.pop())
+        observer(spec)
+
+    return observe
 
 
 def run_enqueue(
