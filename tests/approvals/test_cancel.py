@@ -166,7 +166,8 @@ def test_the_admin_action_reports_a_refusal_per_run(client, decider, initiator):
         {"action": "cancel_runs", "_selected_action": [run.pk], "post": "yes"},
         follow=True,
     ).content.decode()
-    assert f"{run.uuid}: not cancelled: cancelling a run someone else started needs" in done
+    shown = done[done.find('class="messagelist"') :][:600]
+    assert f"{run.uuid}: not cancelled: cancelling a run someone else started needs" in shown, shown
     assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_APPROVAL
 
 
