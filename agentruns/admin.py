@@ -27,6 +27,7 @@ from agentruns.models import (
     McpTransport,
 )
 from agentruns.services.mcp_sync import mcp_server_sync
+from agentruns.tools.mcp import read_only_by_operator
 
 
 @admin.register(AgentConfiguration)
@@ -251,7 +252,8 @@ class AgentRunEventAdmin(_VisibleOnly):
 @admin.register(McpServer)
 class McpServerAdmin(admin.ModelAdmin):
     """Remote tool servers. The server's hints are shown as information only: every remote
-    tool is a non-idempotent write, and only ``requires_approval`` decides whether it waits."""
+    tool is a non-idempotent write unless the operator lists it in ``read_only_tools``, and only
+    ``requires_approval`` decides whether a write waits."""
 
     list_display = [
         "name",
@@ -297,15 +299,17 @@ class McpServerAdmin(admin.ModelAdmin):
                     e.get("description", ""),
                     ", ".join(f"{k}={v}" for k, v in sorted((e.get("hints") or {}).items())) or "—",
                     pretty_json(e.get("input_schema")),
-                    e.get("problem") or "ok",
+                    (e.get("problem") or "ok")
+                    + ("; read-only (your list)" if read_only_by_operator(obj, e) else ""),
                 )
                 for e in entries
                 if isinstance(e, dict)
             ),
         )
         return format_html(
-            "<p>Every remote tool is a <strong>non-idempotent write</strong>; the hints below "
-            "decide nothing.</p><table><tr><th>tool</th><th>description</th><th>hints</th>"
+            "<p>Every remote tool is a <strong>non-idempotent write</strong> unless you list it "
+            "in <em>read only tools</em>; the hints below decide nothing.</p>"
+            "<table><tr><th>tool</th><th>description</th><th>hints</th>"
             "<th>input schema</th><th>status</th></tr>{}</table>",
             rows,
         )

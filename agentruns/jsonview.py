@@ -16,3 +16,12 @@ def pretty_json(value: Any) -> str:
         return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
     except (TypeError, ValueError):
         return repr(value)
+
+
+def pretty_arguments(value: Any) -> str:
+    """A call's arguments as ``pretty_json`` prints a value, but with keys in the order they
+    are held (the order the model sent them: ``agentruns.turns.ordered_arguments``)."""
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return repr(value)

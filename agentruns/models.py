@@ -271,7 +271,8 @@ class McpServer(models.Model):
     """A remote tool server (MCP) registered by an operator. Edited in the admin (docs/design.md
     §4.5).
 
-    Every tool it offers is a ``non_idempotent_write``; ``requires_approval`` is read
+    Every tool it offers is a ``non_idempotent_write``, except those the operator lists in
+    ``read_only_tools`` (reads: no approval, no fence); ``requires_approval`` is read
     fail-closed through ``approval_required``. Secrets never live here: ``headers_env`` names the
     environment variables that hold them (allowed names only, ``agentruns.secrets``).
     ``tools_snapshot`` and ``last_synced_at`` are written by ``agentruns.services.mcp_sync``
@@ -319,6 +320,15 @@ class McpServer(models.Model):
         default=list,
         blank=True,
         help_text="The server's tool names this deployment may use; empty = all discovered.",
+    )
+    read_only_tools = models.JSONField(
+        default=list,
+        blank=True,
+        help_text=(
+            'Tools you declare read-only, e.g. ["git_status", "git_log"]: they run without '
+            "approval and unfenced. Every other tool is a non-idempotent write. The server's own "
+            "hints (readOnlyHint) never decide this."
+        ),
     )
     headers_env = models.JSONField(
         default=dict,
@@ -369,6 +379,10 @@ class McpServer(models.Model):
             isinstance(t, str) and t for t in self.allowed_tools
         ):
             errors["allowed_tools"] = "A JSON list of tool names."
+        if not isinstance(self.read_only_tools, list) or not all(
+            isinstance(t, str) and t for t in self.read_only_tools
+        ):
+            errors["read_only_tools"] = "A JSON list of tool names."
         if not isinstance(self.headers_env, dict) or not all(
             isinstance(h, str)
             and re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", h)

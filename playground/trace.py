@@ -12,7 +12,7 @@ from django.urls import NoReverseMatch, reverse
 
 from agentruns.jsonview import pretty_json
 from agentruns.models import AgentRun, EventKind
-from agentruns.services.runtime.transcript import request_messages
+from agentruns.services.runtime.transcript import proposed_arguments, request_messages
 
 # The approvals inbox's run timeline, if that app provides one (tried in order).
 TIMELINE_URL_NAMES = ("approvals:timeline", "approvals:run_timeline", "approvals:run")
@@ -104,18 +104,32 @@ def stored_steps(run: AgentRun, events: list[Any]) -> list[dict[str, Any]]:
     """The trace of ``run``'s stored ``events``; each request shows the messages it sent,
     rebuilt from the dialogue's events (``transcript.request_messages``)."""
     sent = request_messages(run, events)
+    proposed = proposed_arguments(events)
     return [
         step(
             e.kind,
-            {**_payload(e.payload), "messages": sent[e.sequence]}
-            if e.sequence in sent
-            else e.payload,
+            _stored_payload(e, sent, proposed),
             duration_ms=e.duration_ms,
             sequence=e.sequence,
             actor=e.actor.get_username() if e.actor_id else None,
         )
         for e in events
     ]
+
+
+def _stored_payload(
+    event: Any, sent: dict[int, list[dict[str, Any]]], proposed: dict[str, Any]
+) -> Any:
+    """What a stored event stands for: a request with the messages it sent, a tool event with
+    its arguments (stored only when they differ from the proposed ones)."""
+    if event.sequence in sent:
+        return {**_payload(event.payload), "messages": sent[event.sequence]}
+    payload = event.payload
+    if event.kind == EventKind.TOOL and isinstance(payload, dict) and "arguments" not in payload:
+        call_id = payload.get("call_id")
+        if isinstance(call_id, str) and call_id in proposed:
+            return {**payload, "arguments": proposed[call_id]}
+    return payload
 
 
 def timeline_url(run: AgentRun) -> str:

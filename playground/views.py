@@ -23,6 +23,7 @@ from agentruns import display, selectors
 from agentruns.authority import Authority, approval_authority, cancel_authority
 from agentruns.exceptions import InvalidInput, InvalidRequest, LeaseholdError, RunNotFound
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
+from agentruns.jsonview import pretty_arguments
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, Status
 from agentruns.services import runs
@@ -85,7 +86,7 @@ def _pending_context(
                 "name": c.name,
                 "effect": c.effect,
                 "is_write": c.is_write,
-                "args": trace.pretty(c.arguments),
+                "args": pretty_arguments(c.arguments),
                 "preview": c.preview,
             }
             for index, c in display.writes_first(turn.calls)
@@ -97,7 +98,7 @@ def _pending_context(
     elif turn.kind == INPUT and turn.call is not None:
         context["input_call"] = {
             "name": turn.call.name,
-            "args": trace.pretty(turn.call.arguments),
+            "args": pretty_arguments(turn.call.arguments),
             "question": turn.question,
         }
         spec: InputSpec | None

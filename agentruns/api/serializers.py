@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from agentruns.models import AgentRun, AgentRunEvent, Status
 from agentruns.services import runs
+from agentruns.tools.origins import tool_origin
 from agentruns.turns import INPUT, RECONCILIATION, read_pending_turn, waits_for_a_human
 
 MODE_CHOICES = [("sync", "sync"), ("queued", "queued")]
@@ -87,11 +88,49 @@ class PreviewSerializer(serializers.Serializer):
     changes = ChangeSerializer(many=True, help_text="At most 20; long values cut with a mark.")
 
 
+class ServerOriginSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    transport = serializers.ChoiceField(choices=["streamable_http", "stdio"])
+    endpoint = serializers.CharField(help_text="The command (stdio) or the URL (streamable HTTP).")
+    enabled = serializers.BooleanField()
+
+
+class ToolOriginSerializer(serializers.Serializer):
+    """Where the call's tool comes from, read when the turn is shown (a call re-reads its server
+    when it runs). ``hints`` are *declared by the server, not verified*: they decide nothing."""
+
+    description = serializers.CharField(
+        allow_blank=True, help_text="The tool's own description (at most 1,000 characters)."
+    )
+    source = serializers.ChoiceField(  # type: ignore[assignment]  # a declared field, not .source
+        choices=["local", "mcp", "unknown"],
+        help_text="unknown: no such tool is registered now.",
+    )
+    server = ServerOriginSerializer(
+        allow_null=True, help_text="mcp: the MCP server the call goes to; null otherwise."
+    )
+    hints = serializers.DictField(
+        child=serializers.CharField(),
+        help_text="mcp: the hints the server declares (readOnlyHint, …), as text. Declared by "
+        "the server, not verified: they never decide approval or the effect.",
+    )
+    hints_note = serializers.CharField(
+        allow_blank=True, help_text='"declared by the server, not verified" when there are hints.'
+    )
+    read_only_by_operator = serializers.BooleanField(
+        help_text="mcp: the operator listed the tool read-only on its server row (it runs "
+        "without approval and unfenced)."
+    )
+
+
 class CallSerializer(serializers.Serializer):
     id = serializers.CharField()
     name = serializers.CharField()
-    arguments = serializers.JSONField()
+    arguments = serializers.JSONField(
+        help_text="The arguments, keys in the order the model sent them."
+    )
     effect = serializers.CharField()
+    tool = ToolOriginSerializer()
     preview = PreviewSerializer(
         allow_null=True,
         help_text="approval: what the write will change; null when its tool declares no "
@@ -142,6 +181,7 @@ def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
                 "name": c.name,
                 "arguments": c.arguments,
                 "effect": c.effect,
+                "tool": tool_origin(c.name).to_json(),
                 "preview": c.preview.to_json() if c.preview is not None and c.preview.ok else None,
                 "preview_failed": c.preview.failed
                 if c.preview is not None and c.preview.failed
@@ -216,17 +256,53 @@ class RunSummarySerializer(RunSerializer):
         return data
 
 
-class RunFilterSerializer(serializers.Serializer):
+MAX_PAGE_SIZE = 200
+
+
+class QuerySerializer(serializers.Serializer):
+    """A query string's parameters. DRF reads an empty value of an optional field as absent
+    (``?status=`` would list every run, ``?after=`` start from the first event): refused here
+    like any other invalid value."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        names = [str(field.field_name) for field in self.fields.values()]
+        blank = {
+            name: ["This field may not be blank."]
+            for name in names
+            if hasattr(data, "getlist") and name in data and "" in data.getlist(name)
+        }
+        if blank:
+            raise serializers.ValidationError(blank)
+        return super().to_internal_value(data)
+
+
+class RunFilterSerializer(QuerySerializer):
+    """The run list's query: its filters and its page. The paginator reads ``page`` and
+    ``page_size`` again; they are checked here first so a bad value is a 400 like any other."""
+
     status = serializers.ChoiceField(choices=Status.choices, required=False)
     configuration = serializers.SlugField(required=False, help_text="A configuration's slug.")
+    page = serializers.IntegerField(
+        min_value=1,
+        required=False,
+        help_text="A page number; a page past the last one answers 404.",
+    )
+    page_size = serializers.IntegerField(
+        min_value=1,
+        required=False,
+        help_text=f"Runs per page (default 50); a larger value than {MAX_PAGE_SIZE} is capped.",
+    )
 
 
 # --- Events ----------------------------------------------------------------------------------
 
 
-class EventsQuerySerializer(serializers.Serializer):
+class EventsQuerySerializer(QuerySerializer):
     after = serializers.IntegerField(
-        min_value=-1, default=-1, help_text="Only events with a greater sequence."
+        min_value=-1,
+        max_value=2**31 - 1,  # a sequence is a 32-bit integer; a larger value cannot be compared
+        default=-1,
+        help_text="Only events with a greater sequence.",
     )
 
 
@@ -265,8 +341,21 @@ class DecisionSerializer(_DecisionBase):
     approved = serializers.BooleanField()
 
 
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class JSONObjectField(serializers.JSONField):
+    """A JSON object (an input schema's values are always one): anything else is a 400."""
+
+    default_error_messages = {"not_an_object": "Expected a JSON object."}
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        if not isinstance(value, dict):
+            self.fail("not_an_object")
+        return value
+
+
 class InputSerializer(_DecisionBase):
-    values = serializers.JSONField(help_text="Values for the pending input schema.")
+    values = JSONObjectField(help_text="Values for the pending input schema (a JSON object).")
 
 
 class ReconciliationSerializer(_DecisionBase):

@@ -64,7 +64,11 @@ def _continued(result: SegmentResult) -> Response:
 class RunPagination(PageNumberPagination):
     page_size = 50
     page_size_query_param = "page_size"
-    max_page_size = 200
+    max_page_size = s.MAX_PAGE_SIZE
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        # ``page`` and ``page_size`` are documented (and checked) by ``RunFilterSerializer``.
+        return []
 
 
 class RunsView(LeaseholdAPIView, GenericAPIView):
@@ -74,8 +78,9 @@ class RunsView(LeaseholdAPIView, GenericAPIView):
     @extend_schema(
         operation_id="runs_list",
         parameters=[s.RunFilterSerializer],
-        responses={200: s.RunSummarySerializer(many=True), **_errors(400)},
-        description="Newest first, paginated (?page=N, ?page_size=N up to 200). Prompts and "
+        responses={200: s.RunSummarySerializer(many=True), **_errors(400, 404)},
+        description="Newest first, paginated (?page=N, ?page_size=N up to 200; 404 for a page "
+        "past the last). Prompts and "
         "outputs are cut at 500 characters (prompt_truncated, output_truncated); the run's "
         "detail has them whole, and its pending turn.",
     )

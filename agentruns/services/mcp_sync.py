@@ -1,7 +1,8 @@
 """MCP discovery as a service: list an ``McpServer``'s tools and store them on its row.
 
 Owns the writes of the discovery columns (``tools_snapshot``, ``last_synced_at``,
-``last_sync_error``); ``agentruns.tools.mcp`` reaches the server and builds the snapshot. The
+``last_sync_error``); ``agentruns.tools.mcp_client`` reaches the server (a failure carries a
+stdio server's last stderr lines) and ``agentruns.tools.mcp`` builds the snapshot. The
 ``sync_mcp_tools`` command and the admin's "Sync tools" action call ``mcp_server_sync`` and
 render its ``McpSyncResult``. It never touches a run.
 """

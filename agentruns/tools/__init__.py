@@ -7,6 +7,7 @@ here stamps or checks a lease.
 
 from agentruns.tools.registry import (
     OutcomeUnknown,
+    RemoteToolError,
     Tool,
     ToolContext,
     ToolDefinitionError,
@@ -21,6 +22,7 @@ from agentruns.tools.registry import (
 
 __all__ = [
     "OutcomeUnknown",
+    "RemoteToolError",
     "Tool",
     "ToolContext",
     "ToolDefinitionError",

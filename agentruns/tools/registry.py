@@ -54,6 +54,12 @@ class OutcomeUnknown(Exception):
     not this."""
 
 
+class RemoteToolError(Exception):
+    """A definite failure a tool reports about a remote system — an error answer, a refusal, a
+    server that could not be reached before anything was sent. The model reads the message; it
+    is logged as a one-line warning (a traceback is for Leasehold's own bugs)."""
+
+
 class ToolDefinitionError(ImproperlyConfigured):
     """A tool definition was refused at registration (bad name, schema, effect or a clash)."""
 
@@ -397,14 +403,23 @@ class ToolResult:
         return cls(ok=False, content=None, error=error)
 
     def as_message_content(self) -> str:
-        """The tool message the model sees: JSON of ``content``, or ``{"error": ...}``."""
+        """The tool message the model sees: JSON of ``content``, or ``{"error": ...}``.
+
+        Canonical (sorted keys): a continuing segment derives it again from the stored result,
+        which PostgreSQL's ``jsonb`` keeps with its keys reordered."""
         if not self.ok:
             return json.dumps({"error": self.error}, ensure_ascii=False)
-        return json.dumps(self.content, ensure_ascii=False)
+        return json.dumps(self.content, ensure_ascii=False, sort_keys=True)
 
     def as_dict(self) -> dict[str, Any]:
         """``{"ok", "content", "error"}`` for an event payload."""
         return {"ok": self.ok, "content": self.content, "error": self.error}
+
+
+def _one_line(text: str) -> str:
+    """A log line: whitespace (newlines included) collapsed, at most 500 characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= 500 else flat[:499] + "…"
 
 
 def _truncate(text: str) -> str:
@@ -454,10 +469,20 @@ def invoke_tool(tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
     try:
         returned = tool.func(context, copy.deepcopy(dict(arguments)))
     except OutcomeUnknown as exc:
-        logger.warning("tool %r: outcome unknown (call %s): %s", tool.name, context.call_id, exc)
+        logger.warning(
+            "tool %r: outcome unknown (call %s): %s",
+            tool.name,
+            context.call_id,
+            _one_line(str(exc)),
+        )
         return ToolResult(
             ok=False, content=None, error=_truncate(f"outcome unknown: {exc}"), in_doubt=True
         )
+    except RemoteToolError as exc:
+        logger.warning(
+            "tool %r failed (call %s): %s", tool.name, context.call_id, _one_line(str(exc))
+        )
+        return ToolResult.failure(_truncate(f"{type(exc).__name__}: {exc}"))
     except Exception as exc:
         logger.exception("tool %r failed (call %s)", tool.name, context.call_id)
         return ToolResult.failure(_truncate(f"{type(exc).__name__}: {exc}"))

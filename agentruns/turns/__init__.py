@@ -24,7 +24,9 @@ from agentruns.turns.calls import (
     Call,
     PendingKind,
     Unreadable,
+    argument_order,
     canonical_json,
+    ordered_arguments,
     turn_digest,
 )
 from agentruns.turns.pending import (
@@ -69,9 +71,11 @@ __all__ = [
     "Turn",
     "Unreadable",
     "Usage",
+    "argument_order",
     "canonical_json",
     "decided_digests",
     "executing_digest",
+    "ordered_arguments",
     "parse_decision",
     "read_pending_turn",
     "stored_digest",

@@ -84,6 +84,24 @@ def _digested_mapping(call: Mapping[str, Any]) -> dict[str, Any]:
 # --- Calls ------------------------------------------------------------------------------------
 
 
+def argument_order(arguments: Any) -> list[str] | None:
+    """The keys of ``arguments`` in the order the model sent them, when there is an order to
+    keep (an object of two or more keys): PostgreSQL's jsonb does not keep it."""
+    if isinstance(arguments, dict) and len(arguments) > 1:
+        return [str(key) for key in arguments]
+    return None
+
+
+def ordered_arguments(arguments: Any, order: object) -> Any:
+    """``arguments`` with its keys in ``order`` (the stored ``argument_order``); keys the order
+    does not name follow in their stored order; anything not an object is returned as it is."""
+    if not isinstance(arguments, dict) or not isinstance(order, list):
+        return arguments
+    ordered = {key: arguments[key] for key in order if isinstance(key, str) and key in arguments}
+    ordered.update((key, value) for key, value in arguments.items() if key not in ordered)
+    return ordered
+
+
 @dataclass(frozen=True)
 class Call:
     """One tool call the model proposed: its id (unique within the run), tool name, arguments
@@ -127,6 +145,8 @@ class Call:
             "arguments": self.arguments,
             "effect": self.effect,
         }
+        if (order := argument_order(self.arguments)) is not None:
+            data["argument_order"] = order  # not digested: only how the keys are shown
         if self.detailed:
             data.update(
                 needs_approval=self.needs_approval,
@@ -160,7 +180,7 @@ class Call:
         return cls(
             id=call_id,
             name=name,
-            arguments=data.get("arguments", {}),
+            arguments=ordered_arguments(data.get("arguments", {}), data.get("argument_order")),
             effect=str(effect),
             needs_approval=data.get("needs_approval", True) is not False,
             known=data.get("known", True) is not False,

@@ -23,6 +23,7 @@ from agentruns.turns.calls import (
     PendingKind,
     Unreadable,
     canonical_json,
+    ordered_arguments,
     turn_digest,
 )
 from agentruns.turns.state import LoopState
@@ -120,7 +121,9 @@ class PendingTurn:
         call = Call(
             id=str(stamped.get("id") or ""),
             name=str(stamped.get("name") or ""),
-            arguments=stamped.get("arguments", {}),
+            arguments=ordered_arguments(
+                stamped.get("arguments", {}), stamped.get("argument_order")
+            ),
             effect=str(stamped.get("effect") or run.pending_effect),
         )
         return cls(

@@ -10,7 +10,7 @@ from django.utils.html import format_html
 
 from agentruns import display
 from agentruns.attribution import Attribution
-from agentruns.jsonview import pretty_json
+from agentruns.jsonview import pretty_arguments, pretty_json
 from approvals.feedback import ATTRIBUTIONS, NO_APPROVALS
 
 register = template.Library()
@@ -20,6 +20,7 @@ LONG_CHARS = 600
 
 
 register.filter("pretty_json", pretty_json)  # agentruns.jsonview: the one JSON printer
+register.filter("pretty_arguments", pretty_arguments)  # a call's arguments, keys as sent
 
 
 @register.filter

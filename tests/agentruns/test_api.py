@@ -197,6 +197,41 @@ def test_list_is_paginated_newest_first_and_filters(api):
     assert api.get("/api/runs/?status=completed&configuration=b").json()["count"] == 1
 
 
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("status=", "status"),
+        ("configuration=", "configuration"),
+        ("page_size=ten", "page_size"),
+        ("page_size=0", "page_size"),
+        ("page=", "page"),
+        ("page=0", "page"),
+        ("page=last", "page"),
+    ],
+)
+def test_a_blank_or_malformed_list_parameter_is_400_naming_it(api, query, field):
+    """``?status=`` is not "every status" and ``?page_size=ten`` is not the default size."""
+    body = assert_error(api.get(f"/api/runs/?{query}"), 400, "invalid_request")
+    assert list(body["errors"]) == [field]
+
+
+@pytest.mark.parametrize("after", ["", "1e3", str(2**31), str(10**30), "-2"])
+def test_a_blank_or_out_of_range_events_cursor_is_400(api, after):
+    run = waiting_for_approval()
+    body = assert_error(
+        api.get(f"/api/runs/{run.uuid}/events/?after={after}"), 400, "invalid_request"
+    )
+    assert list(body["errors"]) == ["after"]
+
+
+def test_a_page_past_the_last_is_a_documented_404(api):
+    config("a", [{"content": "x"}])
+    runs.run_start_sync(configuration="a", prompt="p")
+    assert_error(api.get("/api/runs/?page=2"), 404, "not_found")
+    schema = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    assert "404" in schema["paths"]["/api/runs/"]["get"]["responses"]
+
+
 def test_an_unknown_status_filter_is_400(api):
     assert_error(api.get("/api/runs/?status=sleeping"), 400, "invalid_request")
 
@@ -219,6 +254,15 @@ def test_detail_shows_the_pending_turn_without_raw_state(api):
             "name": "create_note",
             "arguments": {"title": "t", "body": "b"},
             "effect": "non_idempotent_write",
+            "tool": {
+                "description": "Create a new note. Each call creates another note, even with "
+                "the same text.",
+                "source": "local",
+                "server": None,
+                "hints": {},
+                "hints_note": "",
+                "read_only_by_operator": False,
+            },
             "preview": {
                 "summary": "creates a note titled 't'",
                 "target": None,
@@ -389,10 +433,12 @@ def test_invalid_input_values_are_422_and_change_nothing(api):
         {"path": [], "message": "'answer' is a required property"},
         {"path": ["priority"], "message": "'high' is not of type 'integer'"},
     ]
+    # Values that are not an object break the API's own document (``values`` is an object):
+    # refused by the request's validation before the input schema is consulted.
     body = assert_error(
-        submit(api, run, values=["x"], turn_digest=digest(run)), 422, "invalid_input"
+        submit(api, run, values=["x"], turn_digest=digest(run)), 400, "invalid_request"
     )
-    assert body["errors"] == [{"path": [], "message": "values must be an object, got list"}]
+    assert body["errors"] == {"values": ["Expected a JSON object."]}
     run.refresh_from_db()
     assert run.status == Status.WAITING_FOR_INPUT
     assert not run.events.filter(kind=EventKind.INPUT).exists()

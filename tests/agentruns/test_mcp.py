@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -37,6 +38,7 @@ from agentruns.services import runs
 from agentruns.services.mcp_sync import McpSyncResult, mcp_server_sync
 from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.tool_step import execute_tool_call
+from agentruns.services.runtime.transcript import tool_message_content
 from agentruns.tools import registry
 from agentruns.tools.mcp import (
     build_snapshot,
@@ -390,11 +392,11 @@ def test_an_unreachable_server_gives_the_model_an_error_result() -> None:
     run = _error_run(ticket_script())
     [event] = tool_events(run)
     assert event["ok"] is False and "tix" in event["error"] and "ConnectError" in event["error"]
-    assert "error" in event["content"]  # the tool message the model saw
+    assert "ConnectError" in json.loads(tool_message_content(event))["error"]  # what the model saw
 
 
 @pytest.mark.django_db(transaction=True)
-def test_is_error_and_timeouts_become_error_results(mcp_server: TicketServer) -> None:
+def test_an_is_error_answer_is_a_result(mcp_server: TicketServer) -> None:
     synced(mcp_server, requires_approval=False, timeout_seconds=1)
     run = _error_run(
         [{"tool_calls": [{"name": "mcp__tix__fail", "arguments": {}}]}, {"content": "ok"}]
@@ -402,10 +404,28 @@ def test_is_error_and_timeouts_become_error_results(mcp_server: TicketServer) ->
     [event] = tool_events(run)
     assert event["ok"] is False and "read-only today" in event["error"]
 
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_sent_then_timed_out_waits_for_reconciliation(mcp_server: TicketServer) -> None:
+    """Issue 11 §2: the server received the call (it landed) and then held it past the timeout:
+    the outcome is unknown, so the run parks in doubt instead of telling the model it failed."""
+    synced(mcp_server, requires_approval=False, timeout_seconds=1)
+    config = AgentConfigurationFactory(script=ticket_script())
     mcp_server.hold()
-    run = _error_run(ticket_script())
-    [event] = tool_events(run)
-    assert event["ok"] is False and "no answer within 1s" in event["error"]
+    try:
+        result = runs.run_start_sync(configuration=config, prompt="try")
+    finally:
+        mcp_server.release()
+    assert result.outcome == Outcome.AWAITING_RECONCILIATION, result.detail
+    run = result.run
+    assert run.status == Status.WAITING_FOR_RECONCILIATION
+    assert run.pending_effect == Effect.NON_IDEMPOTENT_WRITE and run.pending_call["name"] == TICKET
+    assert len(mcp_server.tool_calls("create_ticket")) == 1  # it reached the server
+    assert tool_events(run) == []  # never reported to the model as a failure
+    [doubt] = AgentRunEvent.objects.filter(run=run, kind=EventKind.IN_DOUBT)
+    assert "no answer came within 1s" in doubt.payload["error"]
+    assert "whether it took effect is unknown" in doubt.payload["error"]
+    assert "no answer came within 1s" in run.pending_turn["reason"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -27,6 +27,7 @@ from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status, Termina
 from agentruns.services.runs import run_cancel, run_start_sync
 from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.segment import continue_segment
+from agentruns.services.runtime.transcript import proposed_arguments
 from tests.agentruns.runtime_support import (
     assert_contiguous,
     assert_released,
@@ -135,7 +136,10 @@ def test_a_segment_whose_lease_was_taken_stops_and_the_new_holder_finishes(probe
     assert_released(run)
     stream = assert_contiguous(run)
     tools_done = [e for e in stream if e.kind == EventKind.TOOL]
-    assert [(e.payload["arguments"]["value"], e.segment, e.lease_epoch) for e in tools_done] == [
+    proposed = proposed_arguments(stream)
+    assert [
+        (proposed[e.payload["call_id"]]["value"], e.segment, e.lease_epoch) for e in tools_done
+    ] == [
         ("a", OTHER_WORKER, 2),
         ("b", OTHER_WORKER, 2),
     ]

@@ -9,6 +9,13 @@ names as ``tests.support.mcp_server.TicketServer``):
   claims to be read-only and idempotent (hints must decide nothing).
 * ``echo(text)`` — returns the text.
 * ``fail()`` — answers with ``isError``.
+* ``commit_and_stall(message)`` — records the call (the effect landed), then never answers
+  (sleeps ``STALL_SECONDS``): a timeout after the call was sent.
+* ``commit_and_vanish(message)`` — records the call, says so on stderr and exits at once: the
+  connection is lost after the call was sent.
+
+``--refuse MESSAGE`` as the first argument: print MESSAGE on stderr and exit 2 before speaking
+MCP (a server started with a bad argument). Every recorded call carries the server's ``pid``.
 
 With ``CALL_LOG`` every tool call appends one JSON line (``{"tool", "arguments", "meta"}``)
 to that file, so a test can count the calls that reached the process. ``STDIO_COMMAND`` is
@@ -18,8 +25,10 @@ the ``McpServer.command`` that starts it with the running interpreter.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +37,15 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 
 SCRIPT = Path(__file__).resolve()
+STALL_SECONDS = 120
 
 
-def stdio_command(call_log: Path | None = None) -> str:
+def stdio_command(call_log: Path | None = None, *, refuse: str | None = None) -> str:
     """The ``McpServer.command`` that starts this server with the current interpreter."""
-    argv = [sys.executable, str(SCRIPT)] + ([str(call_log)] if call_log else [])
+    argv = [sys.executable, str(SCRIPT)]
+    if refuse is not None:
+        argv += ["--refuse", refuse]
+    argv += [str(call_log)] if call_log else []
     return shlex.join(argv)
 
 
@@ -51,7 +64,8 @@ def build(call_log: Path | None) -> Any:
         meta = dict(ctx.request_context.meta or {})
         if call_log is not None:
             with call_log.open("a") as out:
-                out.write(json.dumps({"tool": tool, "arguments": arguments, "meta": meta}) + "\n")
+                line = {"tool": tool, "arguments": arguments, "meta": meta, "pid": os.getpid()}
+                out.write(json.dumps(line) + "\n")
         return meta
 
     @server.tool(
@@ -77,8 +91,27 @@ def build(call_log: Path | None) -> Any:
         record("fail", {}, ctx)
         raise ToolError("the ticket system is read-only today")
 
+    @server.tool()
+    def commit_and_stall(message: str, ctx: Context) -> str:
+        """Commit, then take very long to answer."""
+        record("commit_and_stall", {"message": message}, ctx)
+        time.sleep(STALL_SECONDS)
+        return "committed"
+
+    @server.tool()
+    def commit_and_vanish(message: str, ctx: Context) -> str:
+        """Commit, then drop the connection."""
+        record("commit_and_vanish", {"message": message}, ctx)
+        print("fatal: lost my marbles after committing", file=sys.stderr, flush=True)
+        os._exit(3)
+
     return server
 
 
 if __name__ == "__main__":
-    build(Path(sys.argv[1]) if len(sys.argv) > 1 else None).run("stdio")
+    args = sys.argv[1:]
+    if args[:1] == ["--refuse"]:
+        print("starting the tickets server", file=sys.stderr)
+        print(args[1], file=sys.stderr, flush=True)
+        sys.exit(2)
+    build(Path(args[0]) if args else None).run("stdio")

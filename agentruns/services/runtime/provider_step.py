@@ -19,9 +19,15 @@ from agentruns.services.runtime.tool_step import ToolGate
 from agentruns.services.runtime.transcript import unique_call_ids
 from agentruns.turns import Call, LoopState, Turn
 
+_NOT_YET = object()
+
 
 class ProviderStep:
     """Asks the model for the next turn. Needs the segment's state and its boundaries."""
+
+    # The system prompt and tool names this segment's last recorded request sent.
+    _system_recorded: Any = _NOT_YET
+    _tools_recorded: Any = _NOT_YET
 
     lease: Lease
     run: AgentRun
@@ -58,22 +64,22 @@ class ProviderStep:
     def _call_provider(self, *, final: bool) -> tuple[ProviderReply, EventSpec] | Stop:
         tools = [] if final else self._offered_tools()
         opening = self.messages[0] if self.messages else {}
-        request = EventSpec(
-            EventKind.REQUEST,
-            {
-                "iteration": self.state.iteration,
-                "final": final,
-                # What was sent, without storing the dialogue again: the system prompt as sent,
-                # and how many messages (the prompt, then the llm and tool events before this
-                # one). transcript.request_messages rebuilds them (docs/design.md §6.4).
-                "system": opening.get("content") if opening.get("role") == "system" else None,
-                "message_count": len(self.messages),
-                "tools": [t["function"]["name"] for t in tools],
-            },
-            shown={"messages": list(self.messages)},
-        )
+        system = opening.get("content") if opening.get("role") == "system" else None
+        # What was sent, without storing the dialogue again: how many messages (the prompt,
+        # then the llm and tool events before this one); the system prompt and the tools
+        # offered on a segment's first request and when they change. A missing key means "as
+        # the previous request" (transcript.request_messages rebuilds it; docs/design.md §6.4).
+        names = [t["function"]["name"] for t in tools]
+        payload: dict[str, Any] = {"iteration": self.state.iteration, "final": final}
+        if system != self._system_recorded:
+            payload["system"] = system
+        payload["message_count"] = len(self.messages)
+        if names != self._tools_recorded:
+            payload["tools"] = names
+        request = EventSpec(EventKind.REQUEST, payload, shown={"messages": list(self.messages)})
         if stop := self._boundary([request]):
             return stop
+        self._system_recorded, self._tools_recorded = system, names
         provider = provider_for(self.config, self.request)
         started = time.monotonic()
         with LeaseTicker(self.lease) as ticker:

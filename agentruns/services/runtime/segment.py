@@ -61,6 +61,7 @@ from agentruns.services.runtime.transcript import (
     rehydrate,
 )
 from agentruns.tools import Tool
+from agentruns.tools.mcp_sessions import SessionScope, session_scope
 from agentruns.tools.registry import argument_errors, overlay_input
 from agentruns.turns import (
     Call,
@@ -103,19 +104,23 @@ class RunSegment(ProviderStep):
         # once (the request before the next provider call): one write instead of two.
         self._deferred: list[EventSpec] = []
         self._deferred_clear = False
+        # One session per remote server for this segment's calls (§4.5): closed when the
+        # segment ends (``execute``) or learns its lease is lost (``_lost``).
+        self.sessions: SessionScope | None = None
 
     # -- entry point --
 
     def execute(self) -> SegmentResult:
-        try:
-            stop = self._start()
-        except StateWriteFailed as exc:
-            # The database refused a state write. The lease runs out and the reaper settles or
-            # resumes the run from its last boundary; nothing half-written is announced.
-            logger.error("run %s: state write failed: %s", self.lease.uuid, exc)
-            stop = Stop.of(Outcome.FAILED, error=exc.code)
-        except Exception as exc:
-            stop = settle_internal_error(self.lease, self.state, exc)
+        with session_scope() as self.sessions:
+            try:
+                stop = self._start()
+            except StateWriteFailed as exc:
+                # The database refused a state write. The lease runs out and the reaper settles
+                # or resumes the run from its last boundary; nothing half-written is announced.
+                logger.error("run %s: state write failed: %s", self.lease.uuid, exc)
+                stop = Stop.of(Outcome.FAILED, error=exc.code)
+            except Exception as exc:
+                stop = settle_internal_error(self.lease, self.state, exc)
         return SegmentResult(stop.outcome, self._reload(), stop.detail)
 
     def _reload(self) -> AgentRun:
@@ -183,7 +188,10 @@ class RunSegment(ProviderStep):
         here, so a cancel is always recognised and recorded as one. On a cancel the steps that
         completed (a tool call that ran, a model answer) are recorded before the cancel event,
         so a write that happened is never missing from the audit; a lost lease records nothing.
+        The segment's remote sessions are closed first: nothing more is sent under this lease.
         """
+        if self.sessions is not None:
+            self.sessions.close()
         finished = [
             spec
             for spec in [*self._deferred, *(completed or [])]
@@ -359,21 +367,26 @@ class RunSegment(ProviderStep):
         if result.in_doubt and effect == Effect.NON_IDEMPOTENT_WRITE:
             return self._park_in_doubt(call, arguments, result.error, lost=step.lease_lost)
         turn.done.append(call.id)
-        event = EventSpec(
-            EventKind.TOOL,
+        payload: dict[str, Any] = {"call_id": call.id, "name": call.name}
+        if arguments != call.arguments:
+            # Only when they are not the proposed ones (a person's input was merged in): the
+            # ``llm`` event that proposed the call already stores them (docs/design.md §6.4).
+            payload["arguments"] = arguments
+        payload.update(
             {
-                "call_id": call.id,
-                "name": call.name,
-                "arguments": arguments,
                 "effect": str(effect),
                 "outcome": "executed",
                 "ok": result.ok,
                 "result": result.content,
                 "error": result.error,
-                "content": result.as_message_content(),
                 "idempotency_key": f"{self.run.uuid}:{call.id}",
-            },
+            }
+        )
+        event = EventSpec(
+            EventKind.TOOL,
+            payload,
             duration_ms=step.duration_ms,
+            shown={"arguments": arguments},
         )
         if step.lease_lost:  # the ticker's renewal matched no row while the call ran
             return self._lost(at="tool", completed=[event])

@@ -176,19 +176,19 @@ def execute_tool_call(
 
 def unrun_event(call: Call, *, outcome: str, error: str) -> EventSpec:
     """The ``tool`` event of a call that did not run (``outcome`` says why): the model reads
-    ``error`` as the call's result."""
+    ``error`` as the call's result. Its arguments are the proposed ones, which the ``llm``
+    event stores."""
     return EventSpec(
         EventKind.TOOL,
         {
             "call_id": call.id,
             "name": call.name,
-            "arguments": call.arguments,
             "effect": call.effect or None,
             "outcome": outcome,
             "ok": False,
             "error": error,
-            "content": ToolResult.failure(error).as_message_content(),
         },
+        shown={"arguments": call.arguments},
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from agentruns.models import AgentRun, AgentRunEvent, EventKind
 from agentruns.providers.base import ToolCall
+from agentruns.tools import ToolResult
 from agentruns.turns import LoopState, Unreadable
 
 
@@ -63,9 +64,27 @@ def message_for_event(kind: str, payload: Mapping[str, Any]) -> dict[str, Any] |
         return {
             "role": "tool",
             "tool_call_id": payload["call_id"],
-            "content": payload["content"],
+            "content": tool_message_content(payload),
         }
     return None
+
+
+def tool_message_content(payload: Mapping[str, Any]) -> str:
+    """The tool message the model read for a ``tool`` event.
+
+    A ``tool`` event stores the call's ``result`` (or ``error``) once; the message is derived
+    from it (``ToolResult.as_message_content``, canonical JSON, so it survives a database that
+    reorders keys). Only an event whose message differs from that derivation — a reconciliation
+    verdict, and events written before the message was derived — stores ``content`` itself.
+    """
+    stored = payload.get("content")
+    if isinstance(stored, str):
+        return stored
+    return ToolResult(
+        ok=payload.get("ok") is True,
+        content=payload.get("result"),
+        error=str(payload.get("error") or ""),
+    ).as_message_content()
 
 
 @dataclass
@@ -133,22 +152,26 @@ def request_messages(
 ) -> dict[int, list[dict[str, Any]]]:
     """The messages each ``request`` event of ``run`` sent, by event sequence.
 
-    A request event stores the system prompt it sent and how many messages; the rest is the
-    run's prompt and the ``llm`` and ``tool`` events before it, so the dialogue is stored once
-    however many rounds it has. Older request events that stored their messages are read as
-    they are.
+    A request event stores how many messages it sent, and the system prompt when it is not the
+    one the previous request sent; the rest is the run's prompt and the ``llm`` and ``tool``
+    events before it, so the dialogue is stored once however many rounds it has. Older request
+    events that stored their messages are read as they are.
     """
     if events is None:
         events = AgentRunEvent.objects.filter(run_id=run.pk).order_by("sequence")
     sent: dict[int, list[dict[str, Any]]] = {}
     dialogue: list[dict[str, Any]] = []
+    system: Any = None
     for event in events:
         payload = event.payload if isinstance(event.payload, dict) else {}
         if event.kind == EventKind.REQUEST:
             if isinstance(payload.get("messages"), list):
                 sent[event.sequence] = list(payload["messages"])
                 continue
-            system = payload.get("system")
+            # A request stores its system prompt when it differs from the previous request's
+            # (and on a segment's first request); without the key, the previous one was sent.
+            if "system" in payload:
+                system = payload.get("system")
             opening = [{"role": "system", "content": system}] if system else []
             opening.append({"role": "user", "content": run.prompt})
             count = payload.get("message_count")
@@ -162,3 +185,17 @@ def request_messages(
         if message is not None:
             dialogue.append(message)
     return sent
+
+
+def proposed_arguments(events: Iterable[AgentRunEvent]) -> dict[str, Any]:
+    """The arguments the model proposed for each call of ``events``, by call id: what a ``tool``
+    event ran with when it stores no ``arguments`` of its own."""
+    proposed: dict[str, Any] = {}
+    for event in events:
+        if event.kind != EventKind.LLM or not isinstance(event.payload, dict):
+            continue
+        calls = event.payload.get("tool_calls")
+        for call in calls if isinstance(calls, list) else []:
+            if isinstance(call, dict) and isinstance(call.get("id"), str):
+                proposed[call["id"]] = call.get("arguments", {})
+    return proposed
