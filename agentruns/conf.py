@@ -44,6 +44,11 @@ DEFAULTS: dict[str, Any] = {
     "SECRET_ENV_PREFIXES": ["LEASEHOLD_"],
     # How often (minutes) django-q2 runs the stale-run reaper.
     "REAPER_INTERVAL_MINUTES": 1,
+    # Days to keep finished runs: when above 0, setup_schedules creates a daily purge of the
+    # completed, failed and cancelled runs that finished longer ago. 0 (default): keep them all.
+    "RETENTION_DAYS": 0,
+    # A bearer token that may read /metrics (a scraper); empty: only staff sessions may.
+    "METRICS_TOKEN": "",
 }
 
 

@@ -210,6 +210,8 @@ class AgentRun(models.Model):
             models.Index(fields=["status", "lease_expires"], name="agentrun_status_lease"),
             models.Index(fields=["status", "created_at"], name="agentrun_status_created"),
             models.Index(fields=["initiator", "created_at"], name="agentrun_initiator_created"),
+            # Retention (services/retention.py): terminal runs by when they finished.
+            models.Index(fields=["status", "finished_at"], name="agentrun_status_finished"),
         ]
         permissions = [
             ("decide_agentrun", "Can decide pending agent runs (approve, deny, input, reconcile)"),
@@ -404,3 +406,22 @@ class McpServer(models.Model):
                 errors["headers_env"] = " ".join(refused)
         if errors:
             raise ValidationError(errors)
+
+
+class Counter(models.Model):
+    """A running total for ``/metrics`` that no cheap query can give (the reaper's verdicts by
+    rule): one row per name and label set, raised by ``UPDATE … SET value = value + n``."""
+
+    name = models.CharField(max_length=64)
+    # The label set, canonical: ``key=value`` pairs sorted by key, comma-separated.
+    labels = models.CharField(max_length=255, blank=True)
+    value = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["name", "labels"], name="counter_name_labels")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}{{{self.labels}}} {self.value}"

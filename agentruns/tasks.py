@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from agentruns.services import reaper, runs
+from agentruns import conf
+from agentruns.services import reaper, retention, runs
 
 
 def process_run(run_uuid: str) -> str:
     """Claim a queued run and continue it; a no-op when the claim finds nothing to do."""
-    result = runs.run_process_queued(run_uuid=run_uuid)
+    result = runs.run_process_queued(run_uuid=run_uuid, reload_run=False)
     return "not claimed" if result is None else result.outcome
+
+
+def purge_old_runs() -> str:
+    """The scheduled retention pass (``setup_schedules`` with ``RETENTION_DAYS``); returns its
+    summary line. Does nothing when retention was switched off after the schedule was made."""
+    days = int(conf.get("RETENTION_DAYS"))
+    if days <= 0:
+        return "retention is off (AGENTRUNS_RETENTION_DAYS is 0)"
+    return retention.runs_purge(older_than_days=days).summary()
 
 
 def reap_stale_runs() -> str:

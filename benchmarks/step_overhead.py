@@ -19,6 +19,10 @@ touched. Workloads:
 
 Tool bodies and the scripted provider issue no SQL, so every statement counted is the runtime's.
 A round runs from one ``request`` event to the next; the closing provider call is not a round.
+
+With ``--json`` the last line is one JSON object: ``{"database": "postgresql"|"sqlite", "read":
+{"statements_per_round", "ms_per_round", "raw_replay_ms", "ratio_to_raw_replay"}, "write": {…the
+same keys}}`` (medians; the raw replay is the round's own statements through the driver).
 """
 
 from __future__ import annotations
@@ -376,7 +380,12 @@ def report(workload: str, stats: RoundStats) -> dict[str, Any]:
     print("  one round's statements, in order:")
     for sql in stats.example:
         print(f"    {shorten(sql)}")
-    return {"workload": workload, "counts": counts, "runtime_ms": runtime_ms, "raw_ms": raw_ms}
+    return {
+        "statements_per_round": total,
+        "ms_per_round": round(runtime_ms, 3),
+        "raw_replay_ms": round(replay_ms, 3),
+        "ratio_to_raw_replay": round(replay_ratio, 3),
+    }
 
 
 def shorten(sql: str) -> str:
@@ -391,6 +400,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20, help="timed runs per workload")
     parser.add_argument("--rounds", type=int, default=8, help="tool rounds per run (max 19)")
+    parser.add_argument("--json", action="store_true", help="end with one JSON object")
     args = parser.parse_args()
     rounds = max(2, min(args.rounds, 19))
 
@@ -413,6 +423,7 @@ def main() -> None:
         print(f"{args.runs} runs x {rounds} rounds per workload; no-op tools, scripted provider")
         print(f"machine load average (1/5/15 min): {os.getloadavg()}, {os.cpu_count()} CPUs")
         baseline = RawBaseline(target)
+        results: dict[str, Any] = {"database": target.vendor}
         try:
             # Warm up caches and connections.
             one_run("read", 2, RoundClock(), approver, config)
@@ -434,9 +445,11 @@ def main() -> None:
                     config=config,
                     approver=approver,
                 )
-                report(workload, stats)
+                results[workload] = report(workload, stats)
         finally:
             baseline.close()
+        if args.json:
+            print(json.dumps(results))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import include, path
 
+from agentruns.metrics import metrics_view
+
 
 def healthz(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok", content_type="text/plain")
@@ -15,6 +17,7 @@ urlpatterns = [
     path("admin/approvals/", include("approvals.urls")),
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path("api/", include("agentruns.api.urls")),
     path("playground/", include("playground.urls")),
 ]

@@ -7,7 +7,11 @@ are harmless because the worker's first act is a conditional claim.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import timedelta
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -19,6 +23,51 @@ logger = logging.getLogger(__name__)
 TASK = "agentruns.tasks.process_run"
 
 
+class _HeldTasks:
+    """Stands in for django-q2's ORM broker inside ``batched_wakeups``: ``enqueue`` keeps the
+    signed task instead of inserting its row."""
+
+    def __init__(self, list_key: str) -> None:
+        self.list_key = list_key
+        self.packages: list[str] = []
+
+    def enqueue(self, package: str) -> None:
+        self.packages.append(package)
+
+
+_held: ContextVar[_HeldTasks | None] = ContextVar("agentruns_held_wakeups", default=None)
+
+
+@contextmanager
+def batched_wakeups() -> Iterator[None]:
+    """Within it, ``send_wakeup`` (without a delay) builds each task as usual but, with the ORM
+    broker, holds its row; leaving the block without an error writes them all in one INSERT,
+    exactly the rows the broker's ``enqueue`` would have written. Use it inside a transaction:
+    the rows are part of it. If the block raises, nothing held is written. Other brokers send at
+    once, as outside it.
+    """
+    from django_q.brokers import get_broker
+    from django_q.brokers.orm import ORM
+    from django_q.conf import Conf
+    from django_q.models import OrmQ
+
+    broker = get_broker()
+    if not isinstance(broker, ORM) or _held.get() is not None:
+        yield
+        return
+    held = _HeldTasks(broker.list_key or Conf.CLUSTER_NAME)
+    token = _held.set(held)
+    try:
+        yield
+    finally:
+        _held.reset(token)
+    if held.packages:
+        now = timezone.now()
+        OrmQ.objects.using(Conf.ORM).bulk_create(
+            [OrmQ(key=held.list_key, payload=package, lock=now) for package in held.packages]
+        )
+
+
 def send_wakeup(run_uuid: str, *, delay_seconds: float = 0) -> None:
     """Send the task now (or as a one-off schedule ``delay_seconds`` from now). May raise."""
     from django_q.models import Schedule
@@ -28,8 +77,10 @@ def send_wakeup(run_uuid: str, *, delay_seconds: float = 0) -> None:
         # In a transaction: outside one, django-q2's ORM broker calls close_old_connections()
         # first, which with CONN_MAX_AGE=0 reconnects to the database for every task sent.
         # (No savepoint of its own: inside a caller's transaction it is simply part of it.)
+        held = _held.get()
+        options: dict[str, Any] = {"broker": held} if held is not None else {}
         with transaction.atomic(savepoint=False):
-            async_task(TASK, str(run_uuid), group="agentruns")
+            async_task(TASK, str(run_uuid), group="agentruns", **options)
         return
     Schedule.objects.create(
         func=TASK,

@@ -14,8 +14,9 @@ the first matching rule wins:
 
 Runs are taken in batches, each one transaction under ``SELECT … FOR UPDATE SKIP LOCKED`` (so two
 reapers never handle one run; on SQLite the IMMEDIATE transaction serialises them instead), and
-every state change is a guarded transition that re-checks staleness in its own ``UPDATE``: a
-holder that renewed its lease meanwhile keeps its run (verdict ``skipped``). Every verdict is a
+carried out set-based (``transitions.runs_reap_stale``: one guarded ``UPDATE`` per verdict kind
+that re-checks staleness row by row, one INSERT of the events): a holder that renewed its lease
+meanwhile keeps its run (verdict ``skipped``). Every verdict is a
 ``reaper`` event. Then queued runs nobody claimed for ``REDISPATCH_SECONDS`` get a fresh wake-up.
 
 Owns no state of its own and never executes a run: it only settles or hands runs back.
@@ -29,12 +30,14 @@ from typing import Any
 from uuid import UUID
 
 from django.db import transaction
+from django.db.models import Prefetch, prefetch_related_objects
 
 from agentruns import conf, selectors, transitions
 from agentruns.exceptions import StateWriteFailed
 from agentruns.identity import reaper_identity
 from agentruns.leases import EventSpec
-from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
+from agentruns.metrics import record_reaper_pass
+from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status, TerminationReason
 from agentruns.services import dispatch
 from agentruns.services.runtime.transcript import NotRehydratable, rehydrate
 from agentruns.turns import PendingTurn
@@ -43,6 +46,10 @@ logger = logging.getLogger(__name__)
 
 #: Runs locked per transaction. Small enough that a pass never holds many row locks for long.
 BATCH_SIZE = 200
+#: Runs whose events are read together to judge them (bounds the transcripts held at once).
+JUDGE_CHUNK = 50
+#: Where ``_judge_all`` puts a run's prefetched events for ``rule_for``.
+REPLAY_EVENTS = "replay_events"
 #: At most this many unclaimed queued runs get a fresh wake-up per pass.
 REDISPATCH_LIMIT = 500
 
@@ -127,18 +134,42 @@ class ReaperReport:
 
 
 def rule_for(run: AgentRun) -> tuple[str, str]:
-    """The first rule of docs/design.md §8.2 that matches ``run`` and a detail for the record."""
+    """The first rule of docs/design.md §8.2 that matches ``run`` and a detail for the record.
+
+    Replays the events a batch prefetched into ``run.<REPLAY_EVENTS>`` (``_judge_all``), else
+    reads them.
+    """
     if run.pending_effect == Effect.NON_IDEMPOTENT_WRITE:
         call = PendingTurn.for_reconciliation(run).call
         return Rule.FENCE, f"{call.name if call and call.name else 'unknown call'} in flight"
     try:
-        rehydrate(run)
+        rehydrate(run, getattr(run, REPLAY_EVENTS, None))
     except NotRehydratable as exc:
         return Rule.NOT_REHYDRATABLE, str(exc)[:200]
     budget = int(conf.get("MAX_REQUEUES"))
     if run.requeue_count >= budget:
         return Rule.BUDGET, f"{run.requeue_count} of {budget} retries used"
     return Rule.RECLAIM, ""
+
+
+def _judge_all(runs: list[AgentRun]) -> list[tuple[AgentRun, str, str]]:
+    """Each run with its rule and detail (``rule_for``). The events the rules replay are read
+    for ``JUDGE_CHUNK`` runs at a time (one query each) and dropped once they are judged."""
+    judged: list[tuple[AgentRun, str, str]] = []
+    replay = Prefetch(
+        "events",
+        queryset=AgentRunEvent.objects.order_by("sequence").only(
+            "run_id", "sequence", "kind", "payload"
+        ),
+        to_attr=REPLAY_EVENTS,
+    )
+    for start in range(0, len(runs), JUDGE_CHUNK):
+        chunk = runs[start : start + JUDGE_CHUNK]
+        prefetch_related_objects(chunk, replay)
+        for run in chunk:
+            judged.append((run, *rule_for(run)))
+            delattr(run, REPLAY_EVENTS)
+    return judged
 
 
 def _event(run: AgentRun, rule: str, verdict: str, detail: str) -> EventSpec:
@@ -157,6 +188,16 @@ def _event(run: AgentRun, rule: str, verdict: str, detail: str) -> EventSpec:
     )
 
 
+def _settlement(rule: str, detail: str) -> tuple[str, dict[str, str]]:
+    """The termination reason and error of a dead-lettering ``rule``."""
+    reason, error_type = (
+        (TerminationReason.NOT_RESUMABLE, "NotRehydratable")
+        if rule == Rule.NOT_REHYDRATABLE
+        else (TerminationReason.RETRIES_EXHAUSTED, "RetriesExhausted")
+    )
+    return reason, {"type": error_type, "message": f"stale lease: {detail}"}
+
+
 def _apply(run: AgentRun, rule: str, detail: str, identity: str) -> bool:
     """Carry out ``rule`` on ``run`` through its guarded transition; ``False``: not stale now."""
     event = _event(run, rule, VERDICT_OF_RULE[rule], detail)
@@ -169,32 +210,68 @@ def _apply(run: AgentRun, rule: str, detail: str, identity: str) -> bool:
         )
     if rule == Rule.RECLAIM:
         return transitions.run_reclaim_stale(run_id=run.pk, segment=identity, event=event)
-    reason, error_type = (
-        (TerminationReason.NOT_RESUMABLE, "NotRehydratable")
-        if rule == Rule.NOT_REHYDRATABLE
-        else (TerminationReason.RETRIES_EXHAUSTED, "RetriesExhausted")
-    )
+    reason, error = _settlement(rule, detail)
     return transitions.run_settle(
         run_id=run.pk,
         status=Status.FAILED,
         reason=reason,
         stale_only=True,
-        error={"type": error_type, "message": f"stale lease: {detail}"},
+        error=error,
         events=[event],
         segment=identity,
     )
 
 
-def _judge(run: AgentRun, *, identity: str, dry_run: bool) -> RunVerdict:
-    rule, detail = rule_for(run)
-    verdict = VERDICT_OF_RULE[rule]
-    if not dry_run:
+def _apply_batch(
+    judged: list[tuple[AgentRun, str, str]], identity: str
+) -> tuple[set[int], dict[int, str]]:
+    """Carry out a locked batch's rules: the pks of the runs changed, and the error text of each
+    run whose write the database refused.
+
+    Set-based (``runs_reap_stale``: one guarded ``UPDATE`` per verdict kind, one INSERT of the
+    events). Should the database refuse that, nothing of it stays and the batch is carried out
+    run by run, each transition in its own savepoint, so a bad row costs only its own verdict.
+    """
+    in_doubt: dict[int, PendingTurn] = {}
+    dead_lettered: dict[int, tuple[str, dict[str, str]]] = {}
+    reclaim: list[int] = []
+    events: dict[int, EventSpec] = {}
+    for run, rule, detail in judged:
+        events[run.pk] = _event(run, rule, VERDICT_OF_RULE[rule], detail)
+        if rule == Rule.FENCE:
+            in_doubt[run.pk] = PendingTurn.for_reconciliation(run)
+        elif rule == Rule.RECLAIM:
+            reclaim.append(run.pk)
+        else:
+            dead_lettered[run.pk] = _settlement(rule, detail)
+    try:
+        taken = transitions.runs_reap_stale(
+            in_doubt=in_doubt,
+            dead_lettered=dead_lettered,
+            reclaim=reclaim,
+            events=events,
+            segment=identity,
+        )
+        return taken, {}
+    except StateWriteFailed:
+        logger.exception("reaper: the batch write failed; carrying the batch out run by run")
+    taken, failures = set(), {}
+    for run, rule, detail in judged:
         try:
-            applied = _apply(run, rule, detail, identity)
+            if _apply(run, rule, detail, identity):
+                taken.add(run.pk)
         except StateWriteFailed as exc:
-            applied, detail = False, f"state write failed: {exc.message}"
-        if not applied:
-            verdict, detail = Verdict.SKIPPED, detail or "lease renewed or run changed meanwhile"
+            failures[run.pk] = f"state write failed: {exc.message}"
+    return taken, failures
+
+
+def _verdict(run: AgentRun, rule: str, detail: str, *, taken: bool, failure: str) -> RunVerdict:
+    """The verdict on ``run`` once its ``rule`` was carried out (``taken``) or not."""
+    verdict = VERDICT_OF_RULE[rule]
+    if failure:
+        detail = failure
+    if not taken:
+        verdict, detail = Verdict.SKIPPED, detail or "lease renewed or run changed meanwhile"
     return RunVerdict(
         run_uuid=run.uuid,
         segment=run.claimed_by,
@@ -209,10 +286,19 @@ def _judge(run: AgentRun, *, identity: str, dry_run: bool) -> RunVerdict:
 def _send_wakeups(runs: list[AgentRun]) -> dict[int, str]:
     """Send the wake-ups of a committed batch; the error text of each one that failed.
 
-    One transaction for the batch (with the ORM broker the task rows commit together, and no
-    commit per run), a savepoint per send so one failure does not undo the others. If the commit
-    itself fails, none was sent.
+    One transaction for the batch (with the ORM broker, ``dispatch.batched_wakeups`` writes the
+    task rows in one INSERT). Should a send fail, that transaction is rolled back and the batch
+    is sent again with a savepoint per send, so one failure does not undo the others (a wake-up
+    that a non-transactional broker had already sent is then sent twice: claims decide, so the
+    duplicate is harmless). If the commit itself fails, none was sent.
     """
+    try:
+        with transaction.atomic(), dispatch.batched_wakeups():
+            for run in runs:
+                dispatch.send_wakeup(str(run.uuid))
+        return {}
+    except Exception:
+        logger.warning("reaper: a wake-up failed; sending the batch's one by one", exc_info=True)
     failures: dict[int, str] = {}
     try:
         with transaction.atomic():
@@ -263,23 +349,32 @@ def _settle_unsent(run: AgentRun, verdict: RunVerdict, message: str, identity: s
 def _batch(
     *, size: int, after: tuple[Any, int] | None, identity: str, dry_run: bool
 ) -> tuple[list[RunVerdict], tuple[Any, int] | None]:
-    """Judge one batch in one transaction; send the wake-ups once it committed."""
-    reclaimed: list[tuple[AgentRun, int]] = []
-    verdicts: list[RunVerdict] = []
+    """Judge one batch and carry it out in one transaction; send the wake-ups once it
+    committed."""
     with transaction.atomic():
         queryset = selectors.stale_runs(after=after)
         if not dry_run:
             queryset = queryset.select_for_update(skip_locked=True, of=("self",))
         runs = list(queryset[:size])
-        for run in runs:
-            verdict = _judge(run, identity=identity, dry_run=dry_run)
-            if verdict.verdict == Verdict.REQUEUED and not dry_run:
-                reclaimed.append((run, len(verdicts)))
-            verdicts.append(verdict)
-    failures = _send_wakeups([run for run, _ in reclaimed]) if reclaimed else {}
+        judged = _judge_all(runs)
+        failures: dict[int, str] = {}
+        if dry_run:
+            taken = {run.pk for run in runs}
+        else:
+            taken, failures = _apply_batch(judged, identity)
+    verdicts = [
+        _verdict(run, rule, detail, taken=run.pk in taken, failure=failures.get(run.pk, ""))
+        for run, rule, detail in judged
+    ]
+    reclaimed = [
+        (run, position)
+        for position, (run, verdict) in enumerate(zip(runs, verdicts, strict=True))
+        if verdict.verdict == Verdict.REQUEUED and not dry_run
+    ]
+    unsent = _send_wakeups([run for run, _ in reclaimed]) if reclaimed else {}
     for run, position in reclaimed:
-        if run.pk in failures:
-            verdicts[position] = _settle_unsent(run, verdicts[position], failures[run.pk], identity)
+        if run.pk in unsent:
+            verdicts[position] = _settle_unsent(run, verdicts[position], unsent[run.pk], identity)
     cursor = (runs[-1].lease_expires, runs[-1].pk) if runs else after
     return verdicts, cursor
 
@@ -346,4 +441,5 @@ def reap_stale_runs(
             break
     if redispatch and not dry_run:
         report.redispatched = redispatch_unclaimed(identity=identity)
+    record_reaper_pass(report)
     return report

@@ -167,15 +167,18 @@ def run_enqueue(
     return run
 
 
-def run_process_queued(*, run_uuid: UUID | str) -> SegmentResult | None:
-    """The worker's segment: claim a queued run and continue it. ``None``: nothing to claim."""
-    run_id = run_id_of(run_uuid, missing_ok=True)
-    if run_id is None:
-        return None
-    lease = transitions.run_claim_queued(run_id=run_id, identity=execution_identity(Segment.WORKER))
+def run_process_queued(*, run_uuid: UUID | str, reload_run: bool = True) -> SegmentResult | None:
+    """The worker's segment: claim a queued run and continue it. ``None``: nothing to claim.
+
+    ``reload_run=False`` (the django-q2 task, which reports only the outcome) spares the read at
+    the segment's end: the result's ``run`` is then the row as the segment loaded it.
+    """
+    lease = transitions.run_claim_queued(
+        run_uuid=run_uuid, identity=execution_identity(Segment.WORKER)
+    )
     if lease is None:
         return None
-    return continue_segment(lease, retry=dispatch.schedule_retry)
+    return continue_segment(lease, retry=dispatch.schedule_retry, reload_run=reload_run)
 
 
 def run_cancel(*, run_uuid: UUID | str, actor: User | None = None, note: str = "") -> bool:

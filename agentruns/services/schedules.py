@@ -14,6 +14,8 @@ from agentruns import conf
 
 REAPER_SCHEDULE = "agentruns: reap stale runs"
 REAPER_TASK = "agentruns.tasks.reap_stale_runs"
+RETENTION_SCHEDULE = "agentruns: purge old runs"
+RETENTION_TASK = "agentruns.tasks.purge_old_runs"
 
 
 @dataclass(frozen=True)
@@ -22,21 +24,37 @@ class ScheduleState:
     func: str
     minutes: int
     created: bool
+    removed: bool = False
 
 
 def schedules_setup() -> list[ScheduleState]:
-    """Create or update the reaper's ``Schedule`` (every ``REAPER_INTERVAL_MINUTES``).
+    """Create or update the reaper's ``Schedule`` (every ``REAPER_INTERVAL_MINUTES``), and the
+    daily retention purge when ``RETENTION_DAYS`` is above 0 (removed when it is 0).
 
     ``update_or_create`` on the name: running it again changes nothing but the interval and
     function, and never resets a pending ``next_run``.
     """
     from django_q.models import Schedule
 
-    minutes = max(1, int(conf.get("REAPER_INTERVAL_MINUTES")))
+    states = [
+        _ensure(REAPER_SCHEDULE, REAPER_TASK, max(1, int(conf.get("REAPER_INTERVAL_MINUTES"))))
+    ]
+    if int(conf.get("RETENTION_DAYS")) > 0:
+        states.append(_ensure(RETENTION_SCHEDULE, RETENTION_TASK, 24 * 60))
+    else:
+        removed, _ = Schedule.objects.filter(name=RETENTION_SCHEDULE).delete()
+        if removed:
+            states.append(ScheduleState(RETENTION_SCHEDULE, RETENTION_TASK, 0, False, True))
+    return states
+
+
+def _ensure(name: str, func: str, minutes: int) -> ScheduleState:
+    from django_q.models import Schedule
+
     schedule, created = Schedule.objects.update_or_create(
-        name=REAPER_SCHEDULE,
+        name=name,
         defaults={
-            "func": REAPER_TASK,
+            "func": func,
             "args": None,
             "kwargs": None,
             "schedule_type": Schedule.MINUTES,
@@ -44,11 +62,11 @@ def schedules_setup() -> list[ScheduleState]:
             "repeats": -1,
         },
         create_defaults={
-            "func": REAPER_TASK,
+            "func": func,
             "schedule_type": Schedule.MINUTES,
             "minutes": minutes,
             "repeats": -1,
             "next_run": timezone.now(),
         },
     )
-    return [ScheduleState(schedule.name, schedule.func, schedule.minutes, created)]
+    return ScheduleState(schedule.name, schedule.func, schedule.minutes or minutes, created)

@@ -40,6 +40,7 @@ from agentruns.transitions.reaper import (
     run_mark_redispatched,
     run_reclaim_stale,
     run_settle_undispatched,
+    runs_reap_stale,
 )
 from agentruns.transitions.segment import (
     birth_event,
@@ -76,4 +77,5 @@ __all__ = [
     "run_stamp_fence",
     "run_start",
     "run_suspend",
+    "runs_reap_stale",
 ]

@@ -1,20 +1,30 @@
 """The reaper's transitions, called inside its locked batch; each re-checks staleness in its own
-``UPDATE``."""
+``UPDATE``. ``runs_reap_stale`` settles a whole batch set-based; the per-run transitions remain
+for its fallback and for the wake-ups that could not be sent."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
+from django.db import connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
 from django.db.models.functions import Now
 
 from agentruns.leases import EventSpec
 from agentruns.models import (
+    AgentRun,
     Effect,
     Status,
     TerminationReason,
+)
+from agentruns.transitions._batch import (
+    batch_update,
+    increment_sql,
+    insert_batch_events,
+    now_sql,
+    stale_guard_sql,
 )
 from agentruns.transitions._writer import (
     DbValue,
@@ -27,6 +37,86 @@ from agentruns.turns import (
 )
 
 # --- The reaper's transitions (called inside its locked batch) -----------------------------------
+
+
+@state_write
+def runs_reap_stale(
+    *,
+    in_doubt: Mapping[int, PendingTurn],
+    dead_lettered: Mapping[int, tuple[str, Mapping[str, Any]]],
+    reclaim: Iterable[int],
+    events: Mapping[int, EventSpec],
+    segment: str,
+) -> set[int]:
+    """A reaper batch's verdicts, set-based: one guarded ``UPDATE … RETURNING`` per verdict
+    kind, then one ``reaper`` event (``events[run_id]``) for each run an ``UPDATE`` took, in
+    one transaction (a savepoint inside the batch's). Returns the ids of the runs taken.
+
+    * ``in_doubt`` — run id → its reconciliation turn; as ``run_mark_in_doubt``: stale and
+      fence ``non_idempotent_write`` → ``waiting_for_reconciliation``, claim and lease cleared,
+      fence kept.
+    * ``dead_lettered`` — run id → (termination reason, error); as ``run_settle(stale_only=
+      True)``: stale → ``failed``, claim, lease, fence and pending turn cleared.
+    * ``reclaim`` — run ids; as ``run_reclaim_stale``: stale → ``queued``, budget + 1, claim and
+      fence cleared.
+
+    Guard: the same as each per-run transition's, staleness re-checked row by row in its
+    ``UPDATE``. An id missing from the result: renewed or changed meanwhile — skip it, it got no
+    event. Call only while holding the runs' rows (the batch's ``FOR UPDATE``).
+    """
+    stale_params = [str(Status.RUNNING)]
+    with transaction.atomic():
+        taken = batch_update(
+            guard=stale_guard_sql() + f" AND {_pending_effect_sql()} = %s",
+            guard_params=[*stale_params, str(Effect.NON_IDEMPOTENT_WRITE)],
+            fixed={
+                "status": Status.WAITING_FOR_RECONCILIATION,
+                "claimed_by": "",
+                "lease_expires": None,
+            },
+            per_run={run_id: {"pending_turn": turn.to_json()} for run_id, turn in in_doubt.items()},
+        )
+        taken |= batch_update(
+            guard=stale_guard_sql(),
+            guard_params=stale_params,
+            fixed={
+                "status": Status.FAILED,
+                "output": "",
+                "claimed_by": "",
+                "lease_expires": None,
+                "pending_effect": "",
+                "pending_call": None,
+                "pending_turn": None,
+                "finished_at": now_sql(),
+            },
+            per_run={
+                run_id: {"termination_reason": reason, "error": dict(error)}
+                for run_id, (reason, error) in dead_lettered.items()
+            },
+        )
+        taken |= batch_update(
+            guard=stale_guard_sql(),
+            guard_params=stale_params,
+            fixed={
+                "status": Status.QUEUED,
+                "requeue_count": increment_sql("requeue_count"),
+                "claimed_by": "",
+                "lease_expires": None,
+                "pending_effect": "",
+                "pending_call": None,
+            },
+            per_run={run_id: {} for run_id in reclaim},
+        )
+        insert_batch_events(
+            {run_id: event for run_id, event in events.items() if run_id in taken},
+            segment=segment,
+            epoch=0,
+        )
+    return taken
+
+
+def _pending_effect_sql() -> str:
+    return connection.ops.quote_name(AgentRun._meta.get_field("pending_effect").column)
 
 
 @state_write

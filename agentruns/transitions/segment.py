@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+from uuid import UUID
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Coalesce, Now
@@ -86,16 +88,26 @@ def run_enqueue(
 
 
 @state_write
-def run_claim_queued(*, run_id: int, identity: str) -> Lease | None:
-    """Claim a ``queued`` run: ``running``, a lease for ``identity``, epoch + 1.
+def run_claim_queued(
+    *, identity: str, run_id: int | None = None, run_uuid: UUID | str | None = None
+) -> Lease | None:
+    """Claim a ``queued`` run, named by ``run_id`` or ``run_uuid``: ``running``, a lease for
+    ``identity``, epoch + 1.
 
     A compare-and-set on ``(status, lease_epoch)``: of any number of concurrent claimers exactly
-    one matches. ``None`` means another worker won or the run is no longer queued (cancelled,
-    already running, terminal): do nothing.
+    one matches. ``None`` means another worker won, the run is no longer queued (cancelled,
+    already running, terminal) or there is no such run: do nothing.
     """
-    row = AgentRun.objects.filter(pk=run_id).values("status", "lease_epoch", "uuid").first()
+    if (run_id is None) == (run_uuid is None):
+        raise ValueError("name the run by run_id or by run_uuid")
+    where = Q(pk=run_id) if run_id is not None else Q(uuid=run_uuid)
+    try:
+        row = AgentRun.objects.filter(where).values("pk", "status", "lease_epoch", "uuid").first()
+    except (ValidationError, ValueError):  # not a uuid: there is no such run
+        return None
     if row is None or row["status"] != Status.QUEUED:
         return None
+    run_id = row["pk"]
     lease = Lease(run_id, row["uuid"], identity, row["lease_epoch"] + 1, next_sequence=0)
     claimed = guarded_write(
         run_id,

@@ -121,6 +121,31 @@ def test_claim_queued_of_a_missing_run_gets_none():
     assert run_claim_queued(run_id=987654, identity=WORKER) is None
 
 
+def test_claim_queued_by_uuid_takes_the_same_run_as_by_id():
+    run, other = AgentRunFactory(), AgentRunFactory()
+
+    lease = run_claim_queued(run_uuid=str(run.uuid), identity=WORKER)
+
+    assert lease is not None
+    assert (lease.run_id, lease.uuid, lease.epoch, lease.next_sequence) == (run.pk, run.uuid, 1, 1)
+    assert AgentRun.objects.get(pk=run.pk).status == Status.RUNNING
+    assert AgentRun.objects.get(pk=other.pk).status == Status.QUEUED
+    assert run_claim_queued(run_uuid=run.uuid, identity="worker:other:2") is None
+
+
+@pytest.mark.parametrize("named", ["not-a-uuid", "00000000-0000-0000-0000-000000000000", ""])
+def test_claim_queued_by_a_uuid_of_no_run_gets_none(named):
+    AgentRunFactory()
+
+    assert run_claim_queued(run_uuid=named, identity=WORKER) is None
+    assert AgentRun.objects.filter(status=Status.QUEUED).count() == 1
+
+
+def test_claim_queued_needs_exactly_one_name():
+    with pytest.raises(ValueError, match="run_id or by run_uuid"):
+        run_claim_queued(identity=WORKER)
+
+
 def test_claim_after_requeue_bumps_the_epoch_keeps_started_at_and_continues_the_sequence():
     run = AgentRunFactory()
     first = run_claim_queued(run_id=run.pk, identity=WORKER)

@@ -10,10 +10,16 @@ from agentruns.services.schedules import schedules_setup
 
 
 class Command(BaseCommand):
-    help = "Create or update Leasehold's django-q2 schedules (the reaper). Idempotent."
+    help = (
+        "Create or update Leasehold's django-q2 schedules: the reaper, and the retention purge "
+        "when AGENTRUNS_RETENTION_DAYS is above 0. Idempotent."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
         for state in schedules_setup():
+            if state.removed:
+                self.stdout.write(f"removed schedule {state.name!r}: retention is off")
+                continue
             self.stdout.write(
                 f"{'created' if state.created else 'updated'} schedule {state.name!r}: "
                 f"{state.func} every {state.minutes} minute(s)"

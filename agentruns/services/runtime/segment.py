@@ -110,7 +110,10 @@ class RunSegment(ProviderStep):
 
     # -- entry point --
 
-    def execute(self) -> SegmentResult:
+    def execute(self, *, reload_run: bool = True) -> SegmentResult:
+        """Run to the segment's end. The result's ``run`` is read again at the end, or with
+        ``reload_run=False`` (a caller that reads only the outcome) is the row as the segment
+        loaded it at its start."""
         with session_scope() as self.sessions:
             try:
                 stop = self._start()
@@ -121,7 +124,7 @@ class RunSegment(ProviderStep):
                 stop = Stop.of(Outcome.FAILED, error=exc.code)
             except Exception as exc:
                 stop = settle_internal_error(self.lease, self.state, exc)
-        return SegmentResult(stop.outcome, self._reload(), stop.detail)
+        return SegmentResult(stop.outcome, self._reload() if reload_run else self.run, stop.detail)
 
     def _reload(self) -> AgentRun:
         return AgentRun.objects.select_related("configuration", "initiator").get(
@@ -493,6 +496,8 @@ def continue_segment(
     *,
     retry: RetryScheduler | None = None,
     observer: EventObserver | None = None,
+    reload_run: bool = True,
 ) -> SegmentResult:
-    """Run ``lease``'s run from its last step boundary until it pauses, ends or is lost."""
-    return RunSegment(lease, retry=retry, observer=observer).execute()
+    """Run ``lease``'s run from its last step boundary until it pauses, ends or is lost.
+    ``reload_run=False``: see ``RunSegment.execute``."""
+    return RunSegment(lease, retry=retry, observer=observer).execute(reload_run=reload_run)

@@ -1,0 +1,203 @@
+"""``/metrics``: what an operator watches, in the Prometheus text format.
+
+Every value comes from a cheap query at scrape time or from a ``Counter`` row, never from a scan
+of the events:
+
+* ``leasehold_runs{status}``: runs per status (one ``GROUP BY`` over the status indexes);
+* ``leasehold_oldest_waiting_seconds{kind}``: how long the oldest run waiting for an approval,
+  an input or a reconciliation has waited (database clock; 0 when none waits);
+* ``leasehold_runs_in_doubt``: runs waiting for reconciliation (a write that may have landed);
+* ``leasehold_stale_runs``: running runs whose lease expired (the reaper has not settled them);
+* ``leasehold_reaper_verdicts_total{rule,verdict}`` and ``leasehold_reaper_passes_total``:
+  counted by every reaper pass that changed something (``record_reaper_pass``).
+
+Readable by a staff session, or by a scraper with ``Authorization: Bearer <METRICS_TOKEN>``
+(``AGENTRUNS_METRICS_TOKEN``; empty = no token accepted). Anything else: 401 without
+credentials, 403 with wrong ones.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections import Counter as Tally
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from django.db import connection, transaction
+from django.db.models import Count, Min
+from django.db.models.functions import Now
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from agentruns import conf
+from agentruns.models import AgentRun, Counter, Status
+
+if TYPE_CHECKING:
+    from agentruns.services.reaper import ReaperReport
+
+logger = logging.getLogger(__name__)
+
+WAITING_KINDS = {
+    Status.WAITING_FOR_APPROVAL: "approval",
+    Status.WAITING_FOR_INPUT: "input",
+    Status.WAITING_FOR_RECONCILIATION: "reconciliation",
+}
+REAPER_VERDICTS = "reaper_verdicts"
+REAPER_PASSES = "reaper_passes"
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{key}={labels[key]}" for key in sorted(labels))
+
+
+def _parse_labels(text: str) -> dict[str, str]:
+    return dict(pair.split("=", 1) for pair in text.split(",") if "=" in pair)
+
+
+def counter_add(name: str, n: int = 1, **labels: str) -> None:
+    """Raise the counter ``name{labels}`` by ``n`` (created at 0 on first use)."""
+    counters_add([(name, labels, n)])
+
+
+def counters_add(increments: list[tuple[str, Mapping[str, str], int]]) -> None:
+    """Raise several counters in one statement: an ``INSERT … ON CONFLICT DO UPDATE`` that adds
+    to the stored value (PostgreSQL, and SQLite 3.24 or later), so concurrent writers lose
+    nothing and the first use creates the row."""
+    if not increments:
+        return
+    table = connection.ops.quote_name(Counter._meta.db_table)
+    now = "STATEMENT_TIMESTAMP()" if connection.vendor == "postgresql" else "CURRENT_TIMESTAMP"
+    rows = ", ".join(f"(%s, %s, %s, {now})" for _ in increments)
+    params: list[str | int] = []
+    for name, labels, n in increments:
+        params += [name, _labels(labels), n]
+    # In a savepoint: a caller's transaction survives a failed count on PostgreSQL.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (name, labels, value, updated_at) VALUES {rows} "
+            f"ON CONFLICT (name, labels) DO UPDATE SET value = {table}.value + excluded.value, "
+            f"updated_at = excluded.updated_at",
+            params,
+        )
+
+
+def record_reaper_pass(report: ReaperReport) -> None:
+    """Count a reaper pass's verdicts by rule, in one statement. A dry run changed nothing and
+    counts nothing; a failure to count is logged and never fails the pass."""
+    if report.dry_run:
+        return
+    tally = Tally((v.rule, v.verdict) for v in report.verdicts)
+    increments: list[tuple[str, Mapping[str, str], int]] = [
+        (REAPER_VERDICTS, {"rule": rule, "verdict": verdict}, n)
+        for (rule, verdict), n in sorted(tally.items())
+    ]
+    increments.append((REAPER_PASSES, {}, 1))
+    try:
+        counters_add(increments)
+    except Exception:  # the pass itself is done; only the count is lost
+        logger.exception("could not count a reaper pass for /metrics")
+
+
+def _database_now() -> datetime:
+    """The database clock, as precise as the ``Now()`` that stamps ``updated_at``."""
+    sqlite = connection.vendor == "sqlite"
+    with connection.cursor() as cursor:
+        # What Django's Now() compiles to: SQLite's CURRENT_TIMESTAMP has whole seconds, and
+        # PostgreSQL's is the transaction's start.
+        cursor.execute(
+            "SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')"
+            if sqlite
+            else "SELECT STATEMENT_TIMESTAMP()"
+        )
+        value = cursor.fetchone()[0]
+    if isinstance(value, str):  # SQLite answers text, in UTC
+        value = datetime.fromisoformat(value + "+00:00")
+    return value
+
+
+class LeaseholdCollector(Collector):
+    """Reads the numbers at scrape time."""
+
+    def collect(self) -> Iterator[Metric]:
+        rows = AgentRun.objects.values("status").annotate(n=Count("id"), oldest=Min("updated_at"))
+        by_status = {row["status"]: row for row in rows.order_by()}
+        runs = GaugeMetricFamily("leasehold_runs", "Runs per status.", labels=["status"])
+        for status in Status.values:
+            runs.add_metric([status], by_status.get(status, {}).get("n", 0))
+        yield runs
+
+        now = _database_now()
+        waiting = GaugeMetricFamily(
+            "leasehold_oldest_waiting_seconds",
+            "Seconds the oldest run waiting for a person has waited, per kind (0: none waits).",
+            labels=["kind"],
+        )
+        for status, kind in WAITING_KINDS.items():
+            oldest = by_status.get(status, {}).get("oldest")
+            waiting.add_metric([kind], max(0.0, (now - oldest).total_seconds()) if oldest else 0)
+        yield waiting
+
+        yield GaugeMetricFamily(
+            "leasehold_runs_in_doubt",
+            "Runs waiting for reconciliation: a write that may have landed.",
+            value=by_status.get(Status.WAITING_FOR_RECONCILIATION, {}).get("n", 0),
+        )
+        yield GaugeMetricFamily(
+            "leasehold_stale_runs",
+            "Running runs whose lease expired and that the reaper has not settled yet.",
+            value=AgentRun.objects.filter(status=Status.RUNNING, lease_expires__lt=Now()).count(),
+        )
+
+        verdicts = CounterMetricFamily(
+            "leasehold_reaper_verdicts",
+            "Reaper verdicts by rule and verdict.",
+            labels=["rule", "verdict"],
+        )
+        passes = 0
+        for row in Counter.objects.filter(name__in=[REAPER_VERDICTS, REAPER_PASSES]):
+            if row.name == REAPER_PASSES:
+                passes += row.value
+                continue
+            labels = _parse_labels(row.labels)
+            verdicts.add_metric([labels.get("rule", ""), labels.get("verdict", "")], row.value)
+        yield verdicts
+        yield CounterMetricFamily(
+            "leasehold_reaper_passes", "Reaper passes that were not dry runs.", value=passes
+        )
+
+
+def _allowed(request: HttpRequest) -> int | None:
+    """``None`` when ``request`` may read the metrics, else the status to refuse it with."""
+    header = request.headers.get("Authorization", "")
+    if header:
+        scheme, _, token = header.partition(" ")
+        expected = str(conf.get("METRICS_TOKEN") or "")
+        if (
+            scheme.lower() == "bearer"
+            and expected
+            and hmac.compare_digest(token.strip().encode(), expected.encode())
+        ):
+            return None
+        return 403
+    user = request.user
+    if not user.is_authenticated:
+        return 401
+    return None if user.is_active and user.is_staff else 403
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    refused = _allowed(request)
+    if refused == 401:
+        response = HttpResponse("authentication required\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    if refused is not None:
+        return HttpResponse("not allowed\n", status=refused, content_type="text/plain")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(LeaseholdCollector())
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
