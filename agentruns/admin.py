@@ -185,7 +185,7 @@ class AgentRunAdmin(_VisibleOnly):
                     ended += 1
             except LeaseholdError as exc:
                 self.message_user(
-                    request, f"{run.uuid}: not cancelled: {exc.message}", messages.ERROR
+                    request, f"Run {run.uuid}: not cancelled: {exc.message}", messages.ERROR
                 )
         self.message_user(
             request,

@@ -157,8 +157,11 @@ def test_the_admin_action_confirms_then_cancels_each_run_under_the_rules(
     assert AgentRun.objects.filter(status=Status.CANCELLED).count() == 2
 
 
-def test_the_admin_action_reports_a_refusal_per_run(client, decider, initiator):
+@pytest.mark.parametrize("first", ["0", "e"])  # the admin capitalises a message's first letter
+def test_the_admin_action_reports_a_refusal_per_run(client, decider, initiator, first):
     run = start_waiting_run(initiator=initiator)
+    AgentRun.objects.filter(pk=run.pk).update(uuid=first + str(run.uuid)[1:])
+    run.refresh_from_db()
     changelist = reverse("admin:agentruns_agentrun_changelist")
     client.force_login(decider)  # may see every waiting run, may not cancel others'
     done = client.post(
@@ -167,7 +170,9 @@ def test_the_admin_action_reports_a_refusal_per_run(client, decider, initiator):
         follow=True,
     ).content.decode()
     shown = done[done.find('class="messagelist"') :][:600]
-    assert f"{run.uuid}: not cancelled: cancelling a run someone else started needs" in shown, shown
+    assert f"Run {run.uuid}: not cancelled: cancelling a run someone else started needs" in shown, (
+        shown
+    )
     assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_APPROVAL
 
 
