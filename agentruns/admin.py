@@ -8,12 +8,15 @@ run does not exist for them: not listed, and its pages answer 404.
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db import models
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
 from agentruns import selectors
+from agentruns.authority import DECIDE_PERMISSION
 from agentruns.exceptions import LeaseholdError
 from agentruns.jsonview import pretty_json
 from agentruns.models import (
@@ -73,7 +76,17 @@ class AgentConfigurationAdmin(admin.ModelAdmin):
 class _VisibleOnly(admin.ModelAdmin):
     """For run tables narrowed (``get_queryset``) to what the user may see: a row outside the
     queryset — missing or not theirs to see — answers 404 instead of the admin's "does not
-    exist" redirect, the same in both cases, so nothing tells them apart."""
+    exist" redirect, the same in both cases, so nothing tells them apart.
+
+    Reviewers (``agentruns.decide_agentrun``) may view them too, without the model's view
+    permission: the rows are still only the runs they may see (docs/design.md §12.1), and
+    their admin sidebar lists runs and events instead of announcing nothing to see."""
+
+    def has_view_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        return super().has_view_permission(request, obj) or request.user.has_perm(DECIDE_PERMISSION)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return super().has_module_permission(request) or request.user.has_perm(DECIDE_PERMISSION)
 
     def get_object(
         self, request: HttpRequest, object_id: str, from_field: str | None = None
@@ -127,8 +140,59 @@ class AgentRunAdmin(_VisibleOnly):
         "error_json",
     ]
 
+    actions = ["cancel_runs"]
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[AgentRun]:
         return selectors.visible_runs(user=request.user, queryset=super().get_queryset(request))
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        """Offered to whoever may view runs here; each run is then cancelled under the cancel
+        service's own rules (its initiator, or ``agentruns.cancel_agentrun``; in doubt also
+        ``decide_agentrun``), and a refusal is reported per run."""
+        return self.has_view_permission(request)
+
+    @admin.action(description="Cancel selected runs…", permissions=["cancel"])
+    def cancel_runs(
+        self, request: HttpRequest, queryset: QuerySet[AgentRun]
+    ) -> HttpResponse | None:
+        """A confirmation page first (no JavaScript needed); on ``post=yes`` each selected run is
+        cancelled through ``runs.run_cancel`` — its rules, its guarded write — and what happened
+        to each is reported: cancelled, already ended, or refused and why."""
+        from agentruns.services import runs  # the admin loads without the runtime
+
+        selected = list(queryset.select_related("configuration", "initiator").order_by("pk"))
+        if request.POST.get("post") != "yes":
+            return TemplateResponse(
+                request,
+                "admin/agentruns/agentrun/cancel_confirmation.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "title": "Cancel these runs?",
+                    "opts": self.model._meta,
+                    "runs": selected,
+                    "action": "cancel_runs",
+                    "action_checkbox_name": ACTION_CHECKBOX_NAME,
+                },
+            )
+        cancelled, ended = 0, 0
+        for run in selected:
+            try:
+                if runs.run_cancel(
+                    run_uuid=run.uuid, actor=request.user, note="cancelled in the admin"
+                ):
+                    cancelled += 1
+                else:
+                    ended += 1
+            except LeaseholdError as exc:
+                self.message_user(
+                    request, f"Run {run.uuid}: not cancelled: {exc.message}", messages.ERROR
+                )
+        self.message_user(
+            request,
+            f"Cancelled {cancelled} run(s); {ended} had already ended.",
+            messages.SUCCESS if cancelled else messages.WARNING,
+        )
+        return None
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -162,7 +226,15 @@ class AgentRunEventAdmin(_VisibleOnly):
     list_display = ["run", "sequence", "kind", "segment", "lease_epoch", "duration_ms", "actor"]
     list_filter = ["kind"]
     list_select_related = ["run", "actor"]
-    readonly_fields = [f.name for f in AgentRunEvent._meta.fields]
+    exclude = ["payload"]
+    readonly_fields = [
+        *(f.name for f in AgentRunEvent._meta.fields if f.name != "payload"),
+        "payload_json",
+    ]
+
+    @admin.display(description="payload")
+    def payload_json(self, obj: AgentRunEvent) -> str:
+        return format_html("<pre>{}</pre>", pretty_json(obj.payload))
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[AgentRunEvent]:
         return selectors.visible_events(user=request.user, queryset=super().get_queryset(request))

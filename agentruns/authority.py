@@ -155,3 +155,31 @@ def approval_authority(
         missing=tuple(dict.fromkeys(missing)),
         may_decide=deciding.may_decide,
     )
+
+
+def cancel_authority(
+    user: User | Decider | None, *, initiator_id: int | None, in_doubt: bool
+) -> Authority:
+    """What cancelling a run needs (docs/design.md §12.1), and what ``user`` lacks: having
+    started it (``initiator_id``) or ``agentruns.cancel_agentrun``; a run in doubt
+    (``in_doubt``: ``waiting_for_reconciliation``) also needs ``agentruns.decide_agentrun``, as
+    abandoning it does. ``may_decide`` says whether they hold ``decide_agentrun`` (the cancel's
+    guard lets them end a run that goes in doubt meanwhile). The service checks this against the
+    run it read, and its guard against the run as it is; the screens call it to decide whether
+    to offer *Cancel run*."""
+    decider = _decider(user)
+    own = (
+        initiator_id is not None and decider.authenticated and initiator_id == decider.user.pk  # type: ignore[union-attr]
+    )
+    missing: list[str] = []
+    permissions = [] if own else [CANCEL_PERMISSION]
+    if not own and not decider.has_perm(CANCEL_PERMISSION):
+        missing.append(f"cancelling a run someone else started needs {CANCEL_PERMISSION}")
+    may_decide = decider.has_perm(DECIDE_PERMISSION)
+    if in_doubt:
+        permissions.append(DECIDE_PERMISSION)
+        if not may_decide:
+            missing.append(
+                f"cancelling a run in doubt needs {DECIDE_PERMISSION}, as abandoning it does"
+            )
+    return Authority(permissions=tuple(permissions), missing=tuple(missing), may_decide=may_decide)

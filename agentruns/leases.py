@@ -52,3 +52,5 @@ class Decided:
 
     run: AgentRun
     lease: Lease | None
+    # The decision's event as written (for an observer: a live trace shows who decided).
+    event: EventSpec | None = None

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentruns.authority import Authority, Decider, approval_authority
+from agentruns.authority import Authority, Decider, approval_authority, cancel_authority
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
-from agentruns.models import AgentRun
+from agentruns.models import AgentRun, Status
 from agentruns.turns import (
     APPROVAL,
     INPUT,
@@ -31,6 +31,8 @@ class Card:
     # Approval and reconciliation cards: whether the reader may approve / say it landed, and
     # what they lack if not (they may still deny / abandon).
     authority: Authority | None = None
+    # Whether the reader may cancel the run (*Cancel run*), and what they lack if not.
+    cancel: Authority | None = None
 
     @property
     def kind(self) -> str:
@@ -51,7 +53,7 @@ def card_for(run: AgentRun, *, reader: Decider) -> Card | None:
     for nobody."""
     if not waits_for_a_human(run):
         return None
-    card = Card(run=run, pending=read_pending_turn(run))
+    card = Card(run=run, pending=read_pending_turn(run), cancel=cancel_for(run, reader=reader))
     if card.kind == INPUT:
         card.spec, card.form = input_form_for(card.pending, prefix=card.form_id)
     elif card.kind in (APPROVAL, RECONCILIATION):
@@ -59,3 +61,15 @@ def card_for(run: AgentRun, *, reader: Decider) -> Card | None:
             user=reader, configuration=run.configuration, pending=card.pending
         )
     return card
+
+
+def cancel_for(run: AgentRun, *, reader: Decider) -> Authority | None:
+    """What ``reader`` may do about cancelling ``run`` (``agentruns.authority``, the rule the
+    cancel service checks); ``None`` for a run that has ended: there is nothing to cancel."""
+    if run.is_terminal:
+        return None
+    return cancel_authority(
+        reader,
+        initiator_id=run.initiator_id,
+        in_doubt=run.status == Status.WAITING_FOR_RECONCILIATION,
+    )

@@ -63,6 +63,17 @@ def approval_message(result: SegmentResult, *, approved: bool) -> str:
     )
 
 
+def cancel_message(*, cancelled: bool, status: str) -> str:
+    """After *Cancel run*: cancelled, or it had already ended (named by its status label)."""
+    if cancelled:
+        return (
+            "Run cancelled. A segment still running it stops at its next step; a write already "
+            "in flight finishes and is recorded."
+        )
+    shown = Status(status).label if status in Status.values else status
+    return f"Nothing was cancelled: the run had already ended ({shown})."
+
+
 def input_message(result: SegmentResult) -> str:
     return f"Input sent. {_continues(result)}"
 

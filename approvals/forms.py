@@ -37,3 +37,9 @@ class ReconciliationForm(_Bound):
 
 class InputMetaForm(_Bound):
     """The digest and return address of an input submission (the values are a separate form)."""
+
+
+class CancelForm(forms.Form):
+    """The confirmation step's POST: where to go back to (the run is in the URL)."""
+
+    next = forms.CharField(required=False, max_length=2000, widget=forms.HiddenInput)

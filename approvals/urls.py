@@ -24,4 +24,5 @@ urlpatterns = [
     path("runs/<uuid:run_uuid>/decision/", _staff(views.decide), name="decide"),
     path("runs/<uuid:run_uuid>/input/", _staff(views.submit_input), name="input"),
     path("runs/<uuid:run_uuid>/reconciliation/", _staff(views.reconcile), name="reconcile"),
+    path("runs/<uuid:run_uuid>/cancel/", _staff(views.cancel), name="cancel"),
 ]

@@ -20,7 +20,7 @@ from django.http.response import HttpResponseBase
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from agentruns import audit, selectors
 from agentruns.authority import Decider
@@ -36,8 +36,8 @@ from agentruns.models import AgentRun
 from agentruns.services import runs
 from agentruns.turns import INPUT, UNREADABLE
 from approvals import feedback
-from approvals.cards import Card, card_for
-from approvals.forms import DecisionForm, InputMetaForm, ReconciliationForm
+from approvals.cards import Card, cancel_for, card_for
+from approvals.forms import CancelForm, DecisionForm, InputMetaForm, ReconciliationForm
 
 INBOX_PAGE_SIZE = 20
 RECENT_PAGE_SIZE = 50
@@ -63,13 +63,15 @@ def _context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
     return {**admin.site.each_context(request), **extra}
 
 
-def _next(request: HttpRequest) -> str:
-    target = request.POST.get("next") or ""
+def _next(request: HttpRequest, default: str = "") -> str:
+    """Where to go back to: the posted (or, for a GET, queried) ``next`` when it is a URL of this
+    site, else ``default`` (the inbox)."""
+    target = (request.POST if request.method == "POST" else request.GET).get("next") or ""
     if target and url_has_allowed_host_and_scheme(
         target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
     ):
         return target
-    return reverse("approvals:inbox")
+    return default or reverse("approvals:inbox")
 
 
 def _refused(request: HttpRequest, exc: LeaseholdError) -> HttpResponseRedirect:
@@ -137,6 +139,7 @@ def _run_page(
             card=card,
             events=list(selectors.run_events(run=run)),
             attribution=selectors.run_attributions(runs=[run]).get(run.pk),
+            cancel=cancel_for(run, reader=Decider(request.user)),
             next=next_url,
         ),
         status=status,
@@ -170,6 +173,46 @@ def run_audit(request: HttpRequest, run_uuid: UUID) -> HttpResponseBase:
     response = StreamingHttpResponse(audit.export_lines(run), content_type="application/jsonl")
     response["Content-Disposition"] = f'attachment; filename="{audit.export_filename(run)}"'
     return response
+
+
+@require_http_methods(["GET", "POST"])
+def cancel(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
+    """*Cancel run*. GET: the confirmation step (what cancelling does, and whether the reader
+    may); POST: cancel it through ``runs.run_cancel`` (its rules, its guarded write), then go
+    back to ``next``. A cancel racing a decision: whichever guarded write comes second finds
+    the run no longer waiting and changes nothing."""
+    back = _next(request, reverse("approvals:run", args=[run_uuid]))
+    try:
+        run = selectors.run_get(run_uuid=run_uuid, user=request.user)
+    except LeaseholdError as exc:
+        return _refused(request, exc)
+    if request.method == "GET":
+        return render(
+            request,
+            "approvals/cancel.html",
+            _context(
+                request,
+                title=f"Cancel run {run.uuid}?",
+                run=run,
+                cancel=cancel_for(run, reader=Decider(request.user)),
+                next=back,
+            ),
+        )
+    if not CancelForm(request.POST).is_valid():
+        return _refused(request, InvalidRequest())
+    try:
+        cancelled = runs.run_cancel(
+            run_uuid=run_uuid, actor=request.user, note="cancelled in the approvals inbox"
+        )
+    except LeaseholdError as exc:
+        messages.error(request, feedback.refusal_message(exc))
+        return HttpResponseRedirect(back)
+    if cancelled:
+        messages.success(request, feedback.cancel_message(cancelled=True, status=""))
+    else:
+        run.refresh_from_db(fields=["status"])
+        messages.warning(request, feedback.cancel_message(cancelled=False, status=run.status))
+    return HttpResponseRedirect(back)
 
 
 # --- Decisions (POST, then redirect) ------------------------------------------------------------

@@ -9,6 +9,9 @@ def healthz(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok", content_type="text/plain")
 
 
+# "View site" in the admin's header goes to the developer pages.
+admin.site.site_url = "/playground/"
+
 urlpatterns = [
     # The approvals inbox lives inside the admin; it must precede the admin's catch-all.
     path("admin/approvals/", include("approvals.urls")),

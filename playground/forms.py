@@ -8,13 +8,13 @@ from typing import Any
 from django import forms
 from django.core.validators import MaxValueValidator
 
-from agentruns import conf
+from agentruns import conf, display
 from agentruns.models import AgentConfiguration
 from agentruns.tools import registry
 
 
 def _tool_choices() -> list[tuple[str, str]]:
-    return [(t.name, f"{t.name} ({t.effect})") for t in registry.all()]
+    return [(t.name, f"{t.name} — {display.effect_text(t.effect)}") for t in registry.all()]
 
 
 class RunForm(forms.Form):

@@ -428,8 +428,18 @@ def wait(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
     input_schema={
         "type": "object",
         "properties": {
-            "answer": {"type": "string", "minLength": 1, "title": "Answer"},
-            "priority": {"type": "integer", "minimum": 0, "title": "Priority"},
+            "answer": {
+                "type": "string",
+                "minLength": 1,
+                "title": "Your answer",
+                "description": "What the agent is told in reply to its question.",
+            },
+            "priority": {
+                "type": "integer",
+                "minimum": 0,
+                "title": "Priority (0 or more)",
+                "description": "0 is the least urgent; leave it empty if it does not matter.",
+            },
         },
         "required": ["answer"],
         "additionalProperties": False,

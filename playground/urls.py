@@ -15,4 +15,5 @@ urlpatterns = [
     path("runs/<uuid:uuid>/decision/stream/", views.decide_stream, name="decide-stream"),
     path("runs/<uuid:uuid>/input/", views.submit_input, name="input"),
     path("runs/<uuid:uuid>/input/stream/", views.submit_input_stream, name="input-stream"),
+    path("runs/<uuid:uuid>/cancel/", views.cancel, name="cancel"),
 ]

@@ -16,15 +16,16 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, Stream
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from agentruns import selectors
-from agentruns.authority import approval_authority
+from agentruns import display, selectors
+from agentruns.authority import Authority, approval_authority, cancel_authority
 from agentruns.exceptions import InvalidInput, InvalidRequest, LeaseholdError, RunNotFound
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.jsonview import pretty_arguments
 from agentruns.leases import EventSpec
-from agentruns.models import AgentRun
+from agentruns.models import AgentRun, Status
 from agentruns.services import runs
 from agentruns.services.runtime.results import SegmentResult
 from agentruns.turns import APPROVAL, INPUT, read_pending_turn, waits_for_a_human
@@ -68,7 +69,11 @@ def _pending_context(
     """The run and, when it waits, its pending turn as ``agentruns.turns`` reads it (an
     unreadable turn is shown as such, without controls, as in the inbox and the API) and, for
     an approval, what ``reader`` may decide on it (``agentruns.authority``, as in the inbox)."""
-    context: dict[str, Any] = {"run": run, "timeline_url": trace.timeline_url(run)}
+    context: dict[str, Any] = {
+        "run": run,
+        "timeline_url": trace.timeline_url(run),
+        "cancel": _cancel(run, reader),
+    }
     if not waits_for_a_human(run):
         return context
     turn = read_pending_turn(run)
@@ -76,6 +81,7 @@ def _pending_context(
     if turn.kind == APPROVAL:
         context["calls"] = [
             {
+                "index": index,
                 "id": c.id,
                 "name": c.name,
                 "effect": c.effect,
@@ -83,7 +89,7 @@ def _pending_context(
                 "args": pretty_arguments(c.arguments),
                 "preview": c.preview,
             }
-            for c in turn.calls
+            for index, c in display.writes_first(turn.calls)
         ]
         context["preview_is_snapshot"] = run.configuration.preview_is_snapshot
         context["authority"] = approval_authority(
@@ -93,6 +99,7 @@ def _pending_context(
         context["input_call"] = {
             "name": turn.call.name,
             "args": pretty_arguments(turn.call.arguments),
+            "question": turn.question,
         }
         spec: InputSpec | None
         form: InputValuesForm | None
@@ -102,6 +109,17 @@ def _pending_context(
             spec, form, problem = _input_form(run)
         context.update(input_spec=spec, input_form=form, input_problem=problem)
     return context
+
+
+def _cancel(run: AgentRun, reader: Any) -> Authority | None:
+    """Whether ``reader`` may cancel ``run`` (the cancel service's rule); ``None``: it ended."""
+    if run.is_terminal:
+        return None
+    return cancel_authority(
+        reader,
+        initiator_id=run.initiator_id,
+        in_doubt=run.status == Status.WAITING_FOR_RECONCILIATION,
+    )
 
 
 def _outcome_html(
@@ -117,34 +135,59 @@ def _outcome_html(
     )
 
 
-def _page(request: HttpRequest, form: RunForm, *, status: int = 200) -> HttpResponse:
+def _history(request: HttpRequest) -> list[dict[str, Any]]:
+    """The reader's own latest runs, newest first."""
     history = selectors.run_list(user=request.user, initiator_id=request.user.pk)[:HISTORY_LENGTH]
-    rows = [{"run": run, "timeline_url": trace.timeline_url(run)} for run in history]
-    return render(request, "playground/index.html", {"form": form, "history": rows}, status=status)
+    return [{"run": run, "timeline_url": trace.timeline_url(run)} for run in history]
+
+
+def _history_html(request: HttpRequest) -> str:
+    return render_to_string(
+        "playground/_history.html", {"history": _history(request)}, request=request
+    )
+
+
+def _page(request: HttpRequest, form: RunForm, *, status: int = 200) -> HttpResponse:
+    return render(
+        request,
+        "playground/index.html",
+        {"form": form, "history": _history(request)},
+        status=status,
+    )
 
 
 def _stream(request: HttpRequest, start: Callable[..., SegmentResult]) -> StreamingHttpResponse:
     def step_line(spec: EventSpec, run_uuid: str) -> dict[str, Any]:
         shown = {**spec.payload, **(spec.shown or {})}  # a request's dialogue, not stored
-        ctx = trace.step(spec.kind, shown, duration_ms=spec.duration_ms)
+        actor = request.user.get_username() if spec.actor_id == request.user.pk else None
+        ctx = trace.step(spec.kind, shown, duration_ms=spec.duration_ms, actor=actor)
         return {
             "run": run_uuid,
             "kind": spec.kind,
+            "label": display.event_kind_label(spec.kind),
             "payload": shown,
             "duration_ms": spec.duration_ms,
             "html": trace.render_step(ctx),
         }
 
+    zone = timezone.get_current_timezone()  # rendered later, after the middleware is done
+
     def end_line(result: SegmentResult) -> dict[str, Any]:
+        with timezone.override(zone):
+            return _end_line(result)
+
+    def _end_line(result: SegmentResult) -> dict[str, Any]:
         run = result.run
         return {
             "run": str(run.uuid),
             "outcome": result.outcome,
+            "outcome_label": display.lookup(display.SEGMENT_OUTCOMES, result.outcome),
             "status": run.status,
             "termination_reason": run.termination_reason,
             "output": run.output,
             "url": reverse("playground:run", args=[run.uuid]),
             "html": _outcome_html(request, run, result.outcome),
+            "history_html": _history_html(request),
         }
 
     def error_line(exc: Exception) -> dict[str, Any]:
@@ -354,3 +397,34 @@ def submit_input_stream(request: HttpRequest, uuid: str) -> HttpResponse | Strea
             html=_outcome_html(request, run, input_form=form),
         )
     return _stream(request, _submit_input(request, uuid, form.values() if form else {}))
+
+
+@require_http_methods(["GET", "POST"])
+@playground_required
+def cancel(request: HttpRequest, uuid: str) -> HttpResponse:
+    """*Cancel run*. GET: the confirmation step; POST (CSRF): ``runs.run_cancel`` under its
+    rules and guarded write, then back to the run's trace with what happened."""
+    try:
+        run = selectors.run_get(run_uuid=uuid, user=request.user)
+    except RunNotFound as exc:
+        raise Http404(exc.message) from exc
+    if request.method == "GET":
+        return render(
+            request, "playground/cancel.html", {"run": run, "cancel": _cancel(run, request.user)}
+        )
+    try:
+        cancelled = runs.run_cancel(
+            run_uuid=uuid, actor=request.user, note="cancelled in the playground"
+        )
+    except LeaseholdError as exc:
+        messages.error(request, f"Not cancelled: {exc.message}")
+    else:
+        if cancelled:
+            messages.success(request, "Run cancelled.")
+        else:
+            run.refresh_from_db(fields=["status"])
+            messages.warning(
+                request,
+                f"Nothing was cancelled: the run had already ended ({run.get_status_display()}).",
+            )
+    return redirect("playground:run", uuid)

@@ -123,6 +123,8 @@ def hand_on(
     if decided.lease is not None:
         if on_claim is not None:
             on_claim(decided.lease)
+        if observer is not None and decided.event is not None:
+            observer(decided.event)  # committed: a live trace shows the decision, then its steps
         return continue_segment(decided.lease, observer=observer)
     if decided.run.status == Status.QUEUED:
         dispatch.wake_after_commit(str(decided.run.uuid))

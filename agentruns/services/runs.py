@@ -13,9 +13,9 @@ from uuid import UUID
 
 from agentruns import conf, selectors, transitions
 from agentruns.authority import (
-    CANCEL_PERMISSION,
     DECIDE_PERMISSION,
     Decider,
+    cancel_authority,
 )
 from agentruns.exceptions import (
     ConfigurationNotFound,
@@ -23,7 +23,7 @@ from agentruns.exceptions import (
     NotPermitted,
 )
 from agentruns.identity import execution_identity
-from agentruns.leases import Lease
+from agentruns.leases import EventSpec, Lease
 from agentruns.models import (
     AgentConfiguration,
     AgentRun,
@@ -131,7 +131,23 @@ def run_start_sync(
     )
     if on_claim is not None:
         on_claim(lease)
-    return continue_segment(lease, observer=observer)
+    return continue_segment(lease, observer=_after_birth(observer))
+
+
+def _after_birth(observer: EventObserver | None) -> EventObserver | None:
+    """``observer``, first shown the run's claim at birth (committed with the run) with the
+    segment's first event: a live trace shows what the stored trace shows, and an observer that
+    raises does so inside the segment, which settles the run as for any other event."""
+    if observer is None:
+        return None
+    pending = [transitions.birth_event()]
+
+    def observe(spec: EventSpec) -> None:
+        while pending:
+            observer(pending.pop())
+        observer(spec)
+
+    return observe
 
 
 def run_enqueue(
@@ -180,12 +196,14 @@ def run_cancel(*, run_uuid: UUID | str, actor: User | None = None, note: str = "
         return transitions.run_cancel(run_id=run_id, note=note)
     run = selectors.run_get(run_uuid=run_uuid, user=actor)
     person = Decider(actor)
-    started_it = run.initiator_id is not None and run.initiator_id == actor.pk
-    if not started_it and not person.has_perm(CANCEL_PERMISSION):
-        raise NotPermitted(f"cancelling a run someone else started needs {CANCEL_PERMISSION}")
-    may_end_in_doubt = person.has_perm(DECIDE_PERMISSION)
-    if run.status == Status.WAITING_FOR_RECONCILIATION and not may_end_in_doubt:
-        raise NotPermitted(CANCEL_IN_DOUBT_REFUSAL)
+    authority = cancel_authority(
+        person,
+        initiator_id=run.initiator_id,
+        in_doubt=run.status == Status.WAITING_FOR_RECONCILIATION,
+    )
+    if not authority.allowed:
+        raise NotPermitted(authority.missing[0])
+    may_end_in_doubt = authority.may_decide
     if transitions.run_cancel(
         run_id=run.pk, actor_id=user_id(actor), note=note, in_doubt=may_end_in_doubt
     ):

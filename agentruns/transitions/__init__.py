@@ -44,6 +44,7 @@ from agentruns.transitions.reaper import (
     runs_reap_stale,
 )
 from agentruns.transitions.segment import (
+    birth_event,
     run_claim_queued,
     run_clear_fence,
     run_enqueue,
@@ -57,6 +58,7 @@ from agentruns.transitions.segment import (
 )
 
 __all__ = [
+    "birth_event",
     "run_abandon",
     "run_cancel",
     "run_claim_queued",

@@ -132,11 +132,12 @@ def run_decide(
             )
         else:
             values.update(status=Status.QUEUED)
+        written = event(run) if callable(event) else event
         if not guarded_write(
             run.pk,
             Q(status=expected_status),
             values,
-            [event(run) if callable(event) else event],
+            [written],
             epoch=run.lease_epoch,
             lease=lease,
             savepoint=False,
@@ -144,7 +145,7 @@ def run_decide(
         ):  # pragma: no cover - impossible under the row lock
             raise NotWaiting()
         _show_written(run, {**values, "updated_at": DbValue.NOW})
-    return Decided(run=run, lease=lease)
+    return Decided(run=run, lease=lease, event=written)
 
 
 @state_write

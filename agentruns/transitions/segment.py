@@ -36,6 +36,11 @@ from agentruns.turns import (
 # --- Births ------------------------------------------------------------------------------------
 
 
+def birth_event() -> EventSpec:
+    """The ``lease`` event ``run_start`` writes with a run claimed at birth."""
+    return EventSpec(EventKind.LEASE, {"action": "claimed_at_birth"})
+
+
 @state_write
 def run_start(
     *,
@@ -47,7 +52,7 @@ def run_start(
 ) -> Lease:
     """Insert a ``running`` run claimed at birth by ``identity`` with epoch 1."""
     run_uuid = uuid.uuid4()
-    born = [EventSpec(EventKind.LEASE, {"action": "claimed_at_birth"})]
+    born = [birth_event()]
     links, head = ledger.chain(
         run_uuid=run_uuid,
         prev_hash=ledger.genesis(run_uuid),

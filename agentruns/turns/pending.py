@@ -32,6 +32,9 @@ from agentruns.turns.state import LoopState
 if TYPE_CHECKING:
     from agentruns.models import AgentRun
 
+# The longest question shown above an input form (ask_human's schema allows 2000).
+QUESTION_CHARS = 4000
+
 _KIND_FOR_STATUS: dict[str, PendingKind] = {
     Status.WAITING_FOR_APPROVAL: APPROVAL,
     Status.WAITING_FOR_INPUT: INPUT,
@@ -78,6 +81,20 @@ class PendingTurn:
     def call(self) -> Call | None:
         """The single call of an input or reconciliation turn."""
         return self.calls[0] if self.calls else None
+
+    @property
+    def question(self) -> str:
+        """What an input turn asks, as text: the asking call's ``question`` argument when it is
+        a string (the convention of ``ask_human`` and any tool that asks a person), bounded to
+        ``QUESTION_CHARS``; "" for other turns and calls without one. Shown as the lead text
+        above the input form (escaped: the model chose it)."""
+        if self.kind != INPUT or self.call is None or not isinstance(self.call.arguments, dict):
+            return ""
+        question = self.call.arguments.get("question")
+        if not isinstance(question, str):
+            return ""
+        question = question.strip()
+        return question if len(question) <= QUESTION_CHARS else question[:QUESTION_CHARS] + "…"
 
     # -- building --
 

@@ -8,6 +8,7 @@ from typing import Any
 from django import template
 from django.utils.html import format_html
 
+from agentruns import display
 from agentruns.attribution import Attribution
 from agentruns.jsonview import pretty_arguments, pretty_json
 from approvals.feedback import ATTRIBUTIONS, NO_APPROVALS
@@ -72,7 +73,7 @@ def event_summary(event: Any) -> str:
     kind = event.kind
     if kind == "request":
         final = " (final, no tools offered)" if payload.get("final") else ""
-        return f"Asked the model, round {payload.get('iteration', '?')}{final}"
+        return f"Asked the model, round {display.round_number(payload) or '?'}{final}"
     if kind == "llm":
         calls = _calls(payload.get("tool_calls"))
         if calls:
@@ -80,9 +81,14 @@ def event_summary(event: Any) -> str:
         content = str(payload.get("content") or "")
         return f"The model answered: {content[:200]}" if content else "The model answered"
     if kind == "tool":
-        outcome = payload.get("outcome", "")
-        ok = "" if payload.get("ok") in (None, True) else " — failed"
-        return f"{payload.get('name', '?')}: {outcome}{ok}"
+        outcome = display.lookup(display.TOOL_OUTCOMES, payload.get("outcome", ""))
+        ok = (
+            ""
+            if payload.get("ok") in (None, True) or outcome.startswith(("denied", "refused"))
+            else " — failed"
+        )
+        effect = display.effect_text(payload.get("effect"))
+        return f"{payload.get('name', '?')} — {effect}: {outcome}{ok}"
     if kind == "approval":
         verdict = "approved" if payload.get("approved") else "denied"
         calls = _calls(payload.get("calls"))
@@ -107,9 +113,12 @@ def event_summary(event: Any) -> str:
             f"Automatic check {payload.get('attempt', '?')}: {payload.get('answer', '?')} "
             f"({str(payload.get('evidence'))[:200]}){left}"
         )
-    if kind in ("lease", "reaper"):
-        detail = payload.get("action") or payload.get("rule") or payload.get("verdict") or ""
-        return str(detail)
+    if kind == "lease":
+        return display.lookup(display.LEASE_ACTIONS, payload.get("action"))
+    if kind == "reaper":
+        rule = display.lookup(display.REAPER_RULES, payload.get("rule"))
+        verdict = display.lookup(display.REAPER_VERDICTS, payload.get("verdict"))
+        return f"Reaper: {rule} — {verdict}" if rule else f"Reaper: {verdict}"
     if kind == "cancel":
         return str(payload.get("note") or "cancelled")
     return ""

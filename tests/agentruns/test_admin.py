@@ -66,3 +66,16 @@ def test_viewers_and_deciders_see_every_run(client, runs, extra):
     assert client.get(change("agentrun", theirs.pk)).status_code == 200
     listed = client.get(reverse("admin:agentruns_agentrun_changelist")).context["cl"]
     assert listed.result_count == 2
+
+
+def test_an_event_s_payload_is_shown_as_indented_json_with_real_line_breaks(client, operator):
+    run = AgentRunFactory(initiator=operator)
+    event = AgentRunEvent.objects.create(
+        run=run, sequence=0, kind=EventKind.TOOL, payload={"name": "create_note", "ok": True}
+    )
+    client.force_login(operator)
+    html = client.get(reverse("admin:agentruns_agentrunevent_change", args=[event.pk])).content
+    assert (
+        "<pre>{\n  &quot;name&quot;: &quot;create_note&quot;,\n  &quot;ok&quot;: true\n}</pre>"
+        in html.decode()
+    )

@@ -22,6 +22,7 @@ from playground.models import Note
 from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory, UserFactory
 from tests.approvals.conftest import make_in_doubt_run, start_input_run, start_waiting_run
 from tests.approvals.html import headings_in_order
+from tests.support.axe import assert_accessible_copy
 from tests.support.browser import new_page as support_new_page
 
 ARTIFACTS = Path(settings.BASE_DIR) / "artifacts"
@@ -58,10 +59,15 @@ def messages(page) -> list[str]:
     return [text.strip() for text in page.locator(".messagelist li").all_inner_texts()]
 
 
-def screenshot(page, name: str) -> Path:
+def overflows(page) -> bool:
+    """Whether the page is wider than its window (it would scroll sideways)."""
+    return page.evaluate("document.documentElement.scrollWidth > window.innerWidth + 1")
+
+
+def screenshot(page, name: str, *, full_page: bool = True) -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     path = ARTIFACTS / name
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path), full_page=full_page)
     return path
 
 
@@ -74,7 +80,7 @@ def test_staff_log_in_approve_a_write_and_see_the_run_complete(
     page.click("#approvals-link a:text('Approvals inbox')")
     assert page.locator("h1").inner_text() == "Approvals inbox"
     assert card(page, run).locator("code", has_text="create_note").count() == 1
-    assert "Effect: non-idempotent write" in card(page, run).inner_text()
+    assert "Write (non-idempotent: not safe to repeat)" in card(page, run).inner_text()
     screenshot(page, "inbox-approval.png")
 
     card(page, run).get_by_role("button", name="Approve").click()
@@ -127,21 +133,21 @@ def test_invalid_input_comes_back_with_422_a_focused_summary_and_the_values_kept
     log_in(page, live_server, decider)
     page.goto(f"{live_server.url}{reverse('approvals:inbox')}")
     form = card(page, run)
-    form.get_by_label("Priority (optional)").fill("-1")
+    form.get_by_label("Priority (0 or more) (optional)").fill("-1")
     with page.expect_response(lambda r: r.url.endswith("/input/")) as answer:
         form.get_by_role("button", name="Send input").click()
     assert answer.value.status == 422
 
     summary = page.locator(f"#error-summary-{run.pk}")
     assert summary.evaluate("element => element === document.activeElement")
-    assert "Answer: This field is required." in summary.inner_text()
-    assert page.get_by_label("Priority (optional)").input_value() == "-1"
+    assert "Your answer: This field is required." in summary.inner_text()
+    assert page.get_by_label("Priority (0 or more) (optional)").input_value() == "-1"
     assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_INPUT
     screenshot(page, "input-422.png")
 
     # The summary links to the field; fix it and send again.
-    page.get_by_label("Answer (required)").fill("Ship it")
-    page.get_by_label("Priority (optional)").fill("2")
+    page.get_by_label("Your answer (required)").fill("Ship it")
+    page.get_by_label("Priority (0 or more) (optional)").fill("2")
     page.get_by_role("button", name="Send input").click()
     assert messages(page)[0].startswith("Input sent.")
     event = AgentRunEvent.objects.get(run=run, kind="input")
@@ -200,8 +206,14 @@ def test_every_card_type_in_one_inbox(browser, live_server, decider, initiator, 
     assert sorted(k.lower() for k in kinds) == sorted(
         ["waiting for reconciliation", "awaiting approval", "waiting for input", "unreadable"]
     )
-    assert page.locator("details.approvals-args").count() == 1  # the long arguments fold away
-    assert "Customer <b>escalation</b>" in page.locator("details.approvals-args pre").text_content()
+    # A write's arguments are open, however long; a read's fold away (ask_human's call).
+    write_args = page.locator(".approvals-call-write pre.approvals-args").all_text_contents()
+    assert any("Customer <b>escalation</b>" in text for text in write_args)
+    assert page.locator(".approvals-call-read details.approvals-args").count() == 1
+    # The question leads the input card, above its form.
+    assert (
+        "Which priority should the ticket get?" in page.locator(".approvals-question").inner_text()
+    )
 
     levels = [
         int(tag[1])
@@ -218,7 +230,17 @@ def test_every_card_type_in_one_inbox(browser, live_server, decider, initiator, 
         "nodes => nodes.map(n => n.querySelector('legend') && n.querySelector('legend').innerText)"
     )
     assert len(groups) == 3 and all(groups)
+    assert_accessible_copy(page)
     assert screenshot(page, "inbox.png").stat().st_size > 10_000
+    page.set_viewport_size({"width": 1280, "height": 900})
+    screenshot(page, "inbox-1280.png")
+    page.set_viewport_size({"width": 400, "height": 900})
+    assert_accessible_copy(page)
+    assert not overflows(page), "the inbox scrolls sideways at 400 px"
+    page.set_viewport_size({"width": 320, "height": 900})
+    assert not overflows(page), "the inbox (idempotency keys, inputs) scrolls sideways at 320 px"
+    page.set_viewport_size({"width": 400, "height": 900})
+    screenshot(page, "inbox-400.png", full_page=False)
 
 
 def test_a_reviewer_without_the_tool_s_permission_sees_deny_only_and_what_is_missing(
@@ -258,3 +280,30 @@ def test_a_reviewer_without_the_tool_s_permission_sees_deny_only_and_what_is_mis
     shown.get_by_role("button", name="Deny").click()
     assert messages(reviewer)[0].startswith("Denied:")
     assert AgentRun.objects.get(pk=run.pk).status == Status.QUEUED
+
+
+def test_cancel_from_the_timeline_without_javascript_and_axe_on_the_run_pages(
+    browser, live_server, decider, initiator
+):
+    """The initiator cancels their own run from its timeline, through the confirmation step,
+    with JavaScript off; the timeline, the confirmation and recent runs pass axe-core."""
+    run = start_waiting_run(initiator=initiator)
+    page = new_page(browser)
+    log_in(page, live_server, initiator)
+    assert_accessible_copy(page)  # the admin index, with our links to the inbox and playground
+    page.goto(f"{live_server.url}{reverse('approvals:recent')}")
+    assert_accessible_copy(page)
+    page.click(f"a[href='{reverse('approvals:run', args=[run.uuid])}']")
+    assert "Times are in UTC" in page.inner_text("#content-main")
+    assert_accessible_copy(page)
+    page.click(".approvals-summary a.approvals-cancel-link")
+    assert page.locator("#content-main h2").first.inner_text().startswith("Cancel run")
+    assert_accessible_copy(page)
+    assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_APPROVAL
+    page.get_by_role("button", name="Cancel the run").click()
+    assert messages(page)[0].startswith("Run cancelled.")
+    assert page.url.endswith(reverse("approvals:run", args=[run.uuid]))
+    assert AgentRun.objects.get(pk=run.pk).status == Status.CANCELLED
+    assert "cancelled in the approvals inbox" in page.inner_text(".approvals-timeline")
+    page.set_viewport_size({"width": 320, "height": 800})
+    assert not overflows(page), "the timeline scrolls sideways at 320 px"

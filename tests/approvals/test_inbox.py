@@ -47,7 +47,8 @@ def test_an_approval_card_shows_what_will_run_and_binds_the_buttons_to_it(
     assert ">initiator<" in html
     assert "<time datetime=" in html  # the age
     assert "<code>create_note</code>" in html
-    assert "Effect: non-idempotent write" in html  # the badge says it in words
+    # The badge says it in words (and an icon); colour is only a third signal.
+    assert "<strong>Write</strong> <span>(non-idempotent: not safe to repeat)</span>" in html
     assert "&quot;title&quot;: &quot;Quarterly report&quot;" in html  # pretty-printed JSON
     assert f'name="turn_digest" value="{run.pending_turn["turn_digest"]}"' in html
     assert '<button type="submit" name="decision" value="approve"' in html
@@ -60,8 +61,9 @@ def test_long_arguments_fold_into_details(client, decider, initiator):
     start_waiting_run(initiator=initiator, arguments={"title": "Short", "body": "brief"})
     client.force_login(decider)
     html = page(client)
-    assert html.count('<details class="approvals-args">') == 1
-    assert "<summary>Arguments (4 lines" in html
+    # A write's arguments are open however long (a reviewer must read them); reads fold.
+    assert html.count('<details class="approvals-args">') == 0
+    assert "Arguments (4 lines" in html and "word word" in html
     # The preview's long value folds too, the short one does not.
     assert html.count("<details><summary>2000 characters, 1 lines</summary>") == 1
 
@@ -99,8 +101,8 @@ def test_an_input_card_has_a_labelled_form_from_the_schema(client, decider, init
     html = page(client)
     assert "Waiting for input" in html
     assert f'action="{reverse("approvals:input", args=[run.uuid])}"' in html
-    assert f'id="id_run{run.pk}-f0"' in html and "Answer (required)" in html
-    assert 'type="number"' in html and "Priority (optional)" in html
+    assert f'id="id_run{run.pk}-f0"' in html and "Your answer (required)" in html
+    assert 'type="number"' in html and "Priority (0 or more) (optional)" in html
     assert unlabelled_fields(html) == []
 
 

@@ -71,8 +71,11 @@ def test_invalid_input_re_renders_with_422_a_focused_summary_and_the_values_kept
     summary = summary[: summary.index("</div>")]
     assert 'tabindex="-1"' in summary and "autofocus" in summary
     assert "nothing was sent" in summary
-    assert f'href="#id_run{run.pk}-f0"' in summary and "Answer: This field is required." in summary
-    assert "Priority: Ensure this value is greater than or equal to 0." in summary
+    assert (
+        f'href="#id_run{run.pk}-f0"' in summary
+        and "Your answer: This field is required." in summary
+    )
+    assert "Priority (0 or more): Ensure this value is greater than or equal to 0." in summary
     assert f'name="run{run.pk}-f1" value="-3"' in html  # the value is kept
     assert 'aria-invalid="true"' in html
     assert headings_in_order(heading_levels(html))
@@ -86,7 +89,7 @@ def test_a_value_of_the_wrong_type_is_422_and_kept(client, decider, initiator):
     response = submit(client, run, {"f0": "Kept answer", "f1": "high"}, follow=False)
     assert response.status_code == 422
     html = response.content.decode()
-    assert "Priority: Enter a whole number." in html
+    assert "Priority (0 or more): Enter a whole number." in html
     assert "Kept answer</textarea>" in html
     assert_nothing_decided(run)
 

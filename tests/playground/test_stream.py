@@ -8,6 +8,7 @@ The segment runs in a background thread with its own connection: these tests com
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 
@@ -59,19 +60,18 @@ def test_steps_stream_in_order_then_exactly_one_terminal_line(dev_client):
     )
     received = list(lines(stream(dev_client, configuration="reader", prompt="count")))
     run = AgentRun.objects.get()
-    assert [line["event"] for line in received] == ["step"] * 5 + ["end"]
+    assert [line["event"] for line in received] == ["step"] * 6 + ["end"]
     steps = received[:-1]
-    assert [s["kind"] for s in steps] == ["request", "llm", "tool", "request", "llm"]
+    assert [s["kind"] for s in steps] == ["lease", "request", "llm", "tool", "request", "llm"]
     assert {s["run"] for s in steps} == {str(run.uuid)}
-    # The stream carries exactly the recorded events, in their recorded order.
-    recorded = [
-        e.kind
-        for e in AgentRunEvent.objects.filter(run=run).order_by("sequence")
-        if e.kind != EventKind.LEASE
-    ]
+    # The stream carries exactly the recorded events, in their recorded order (the claim at
+    # birth too: the streamed and the reloaded trace show the same steps).
+    recorded = [e.kind for e in AgentRunEvent.objects.filter(run=run).order_by("sequence")]
     assert recorded == [s["kind"] for s in steps]
-    assert 'data-kind="tool"' in steps[2]["html"] and "list_notes" in steps[2]["html"]
-    assert steps[0]["payload"]["messages"][-1] == {"role": "user", "content": "count"}
+    assert "claimed when the run started" in steps[0]["html"]
+    assert 'data-kind="tool"' in steps[3]["html"] and "list_notes" in steps[3]["html"]
+    assert "Read" in steps[3]["html"] and "read_only" not in steps[3]["html"]
+    assert steps[1]["payload"]["messages"][-1] == {"role": "user", "content": "count"}
     end = received[-1]
     assert end["outcome"] == "completed" and end["status"] == "completed"
     assert end["output"] == "no notes"
@@ -81,6 +81,7 @@ def test_steps_stream_in_order_then_exactly_one_terminal_line(dev_client):
 def test_the_first_step_arrives_before_the_provider_answers(dev_client):
     config("slow", [{"content": "finally", "delay": 1.0}])
     body = lines(stream(dev_client, configuration="slow", prompt="wait for it"))
+    assert next(body)["kind"] == "lease"  # claimed at birth
     first = next(body)
     assert first["event"] == "step" and first["kind"] == "request"
     run = AgentRun.objects.get(uuid=first["run"])
@@ -96,7 +97,7 @@ def test_a_client_that_goes_away_leaves_the_run_abandoned(dev_client):
     config("slow", [{"content": "too late", "delay": 1.0}])
     response = stream(dev_client, configuration="slow", prompt="p")
     first = json.loads(next(response.streaming_content))
-    assert first["kind"] == "request"
+    assert first["kind"] == "lease"  # the run exists, claimed at birth
     response.close()  # what the WSGI server does when the client disconnects
 
     run = AgentRun.objects.get(uuid=first["run"])
@@ -135,14 +136,52 @@ def test_a_streamed_approval_continues_inline(dev_client):
     )
     received = list(lines(response))
     assert [line.get("kind", line["event"]) for line in received] == [
+        "approval",
         "tool",
         "request",
         "llm",
         "end",
     ]
-    assert received[0]["payload"]["outcome"] == "executed"
+    assert "Approved</strong> by dev" in received[0]["html"]
+    assert received[1]["payload"]["outcome"] == "executed"
     assert received[-1]["status"] == "completed"
     assert Note.objects.count() == 1
+
+
+def _kinds(html: str) -> list[str]:
+    return re.findall(r'data-kind="([a-z_]+)"', html)
+
+
+def test_a_streamed_denial_shows_who_denied_and_the_same_steps_as_the_reloaded_trace(dev_client):
+    first = list(
+        lines(
+            stream(
+                dev_client,
+                configuration=config("denied", APPROVAL_SCRIPT).slug,
+                prompt="make a note",
+            )
+        )
+    )
+    run = AgentRun.objects.get()
+    response = dev_client.post(
+        f"/playground/runs/{run.uuid}/decision/stream/",
+        {"approved": "0", "turn_digest": digest(run)},
+    )
+    second = list(lines(response))
+    streamed = [s for s in first + second if s["event"] == "step"]
+    assert streamed[len(first) - 1]["kind"] == "approval"
+    assert "Denied</strong> by dev" in streamed[len(first) - 1]["html"]
+    denied = [s for s in streamed if s["kind"] == "tool"]
+    assert denied and "denied, did not run" in denied[0]["html"]
+    # The end line says the outcome once, in words, and updates the recent runs.
+    end = second[-1]
+    assert end["outcome_label"] == "finished" and "completed · completed" not in end["html"]
+    assert f'data-run="{run.uuid}"' in end["history_html"]
+    # The reloaded trace shows exactly the streamed steps.
+    page = dev_client.get(f"/playground/runs/{run.uuid}/").content.decode()
+    trace = page[page.index('id="trace"') : page.index('id="outcome"')]
+    assert _kinds(trace) == [s["kind"] for s in streamed]
+    assert "Denied</strong> by dev" in trace
 
 
 def test_a_streamed_decision_that_is_refused_is_one_error_line(dev_client):
@@ -271,7 +310,7 @@ def test_streamed_input_values_the_form_refuses_are_one_error_line_with_the_form
         {"path": ["answer"], "message": "This field is required."},
         {"path": ["priority"], "message": "Enter a whole number."},
     ]
-    assert "Answer: This field is required." in line["html"] and 'value="two"' in line["html"]
+    assert "Your answer: This field is required." in line["html"] and 'value="two"' in line["html"]
     assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_INPUT
 
 

@@ -236,8 +236,15 @@ def test_the_input_form_is_rendered_and_its_values_typed(dev_client):
     run = AgentRun.objects.get()
     html = dev_client.get(f"/playground/runs/{run.uuid}/").content.decode()
     # ask_human declares answer, then priority: the shared input form names them value-f0, -f1.
-    assert '<label for="id_value-f0">Answer *</label>' in html
-    assert '<label for="id_value-f1">Priority</label>' in html
+    assert '<label for="id_value-f0">Your answer (required)</label>' in html
+    assert '<label for="id_value-f1">Priority (0 or more) (optional)</label>' in html
+    # The question leads, above the form; the schema's descriptions are the fields' hints.
+    assert html.index('<p class="text">Which colour?</p>') < html.index('<label for="id_value-f0">')
+    assert "What the agent is told in reply to its question." in html
+    assert 'aria-describedby="id_value-f0_helptext"' in html
+    # Links named for screen readers with the short run id; cancel offered to its initiator.
+    assert f'<span class="visually-hidden"> of run {str(run.uuid)[:8]}</span>' in html
+    assert f'href="/playground/runs/{run.uuid}/cancel/"' in html
     assert 'type="number" name="value-f1"' in html
 
     refused = dev_client.post(
@@ -246,7 +253,9 @@ def test_the_input_form_is_rendered_and_its_values_typed(dev_client):
     )
     assert refused.status_code == 422
     text = refused.content.decode()
-    assert "do not match the input schema" in text and "Answer: This field is required." in text
+    assert (
+        "do not match the input schema" in text and "Your answer: This field is required." in text
+    )
     assert 'value="2"' in text  # the value typed is kept
     assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_INPUT
 
@@ -260,3 +269,28 @@ def test_the_input_form_is_rendered_and_its_values_typed(dev_client):
         "answer": "blue",
         "priority": 2,
     }
+
+
+def test_cancel_needs_a_confirmation_csrf_and_the_cancel_rules(dev_client, developer):
+    other = UserFactory(username="other-dev", permissions=[USE])
+    mine = waiting_for_approval(developer)
+    theirs = AgentRun.objects.get(pk=waiting_for_approval(other, slug="theirs").pk)
+    confirm = dev_client.get(f"/playground/runs/{mine.uuid}/cancel/").content.decode()
+    assert "Cancel run" in confirm and 'name="csrfmiddlewaretoken"' in confirm
+    assert AgentRun.objects.get(pk=mine.pk).status == Status.WAITING_FOR_APPROVAL
+    # Another's run: visible to a decider, but cancelling it needs agentruns.cancel_agentrun.
+    page = dev_client.get(f"/playground/runs/{theirs.uuid}/").content.decode()
+    assert f"/playground/runs/{theirs.uuid}/cancel/" not in page
+    refused = dev_client.post(f"/playground/runs/{theirs.uuid}/cancel/", follow=True)
+    assert "Not cancelled: cancelling a run someone else started needs" in refused.content.decode()
+    assert AgentRun.objects.get(pk=theirs.pk).status == Status.WAITING_FOR_APPROVAL
+    # Without the CSRF token nothing happens.
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(developer)
+    assert strict.post(f"/playground/runs/{mine.uuid}/cancel/").status_code == 403
+    dev_client.post(f"/playground/runs/{mine.uuid}/cancel/")
+    assert AgentRun.objects.get(pk=mine.pk).status == Status.CANCELLED
+    again = dev_client.post(f"/playground/runs/{mine.uuid}/cancel/", follow=True)
+    assert "Nothing was cancelled: the run had already ended (cancelled)." in (
+        again.content.decode()
+    )
