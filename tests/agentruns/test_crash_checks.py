@@ -247,12 +247,19 @@ def test_chaos_every_in_doubt_run_with_a_check_ends_without_a_person(processes):
                         approved=True,
                         turn_digest=run.pending_turn["turn_digest"],
                     )
-            time.sleep(rng.uniform(0.3, 1.0))
-            fenced = list(
-                AgentRun.objects.filter(
-                    status=Status.RUNNING, pending_effect=Effect.NON_IDEMPOTENT_WRITE
+            # Until a kill has landed, wait (the table locked) for a run to block in its insert:
+            # on a loaded machine a random pulse alone may never catch one, and the variant
+            # would test nothing. Later pulses are as random as the seed makes them.
+            settle = time.monotonic() + (30 if pulse and kills == 0 else rng.uniform(0.3, 1.0))
+            while True:
+                fenced = list(
+                    AgentRun.objects.filter(
+                        status=Status.RUNNING, pending_effect=Effect.NON_IDEMPOTENT_WRITE
+                    )
                 )
-            )
+                if time.monotonic() >= settle or (fenced and kills == 0 and pulse):
+                    break
+                time.sleep(0.2)
             victim = holder_of(rng.choice(fenced), workers) if pulse and fenced else None
             if victim is not None and kills < 6:
                 if rng.random() < 0.5:  # let the insert through first: it may land

@@ -95,7 +95,7 @@ def assert_worker_consumes(worker: Proc) -> None:
     probe = enqueue([{"content": "probe"}])
     wait_until(
         lambda: row(probe).status == Status.COMPLETED,
-        timeout=60,
+        timeout=180,
         message="the probe run",
         procs=[worker],
     )
@@ -107,7 +107,7 @@ def test_a_qcluster_on_redis_completes_a_run_enqueued_through_the_service(redis_
     assert redis_broker.llen(QUEUE_KEY) == 1  # the wake-up went to Redis…
     assert not OrmQ.objects.exists()  # …not to the ORM broker's table
     worker = processes.qcluster(env=worker_env())
-    wait_until(lambda: row(run).status == Status.COMPLETED, timeout=60, procs=[worker])
+    wait_until(lambda: row(run).status == Status.COMPLETED, timeout=180, procs=[worker])
     assert worker.stop() == 0
 
     done = row(run)
@@ -125,7 +125,7 @@ def test_a_task_whose_worker_was_killed_is_lost_and_the_reaper_resends_it(redis_
     first = processes.qcluster("worker-a", env=worker_env())
     wait_until(
         lambda: row(run).status == Status.RUNNING and row(run).events.filter(kind=EventKind.LLM),
-        timeout=60,
+        timeout=180,
         message="worker A to start the wait",
         procs=[first],
     )
@@ -161,7 +161,7 @@ def test_a_task_whose_worker_was_killed_is_lost_and_the_reaper_resends_it(redis_
         Verdict.REQUEUED,
         holder,
     )
-    wait_until(lambda: row(run).status == Status.COMPLETED, timeout=60, procs=[second])
+    wait_until(lambda: row(run).status == Status.COMPLETED, timeout=180, procs=[second])
     completed = time.monotonic()
     assert second.stop() == 0
 
@@ -193,9 +193,9 @@ def test_a_queued_run_whose_task_vanished_is_redispatched_and_completed(redis_br
         message="the redispatch period",
     )
     reap = processes.manage("reaper", "reap_stale_runs", env=env)
-    assert reap.wait(timeout=60) == 0, reap.output()
+    assert reap.wait(timeout=180) == 0, reap.output()
     assert "redispatched 1 unclaimed queued run(s)" in reap.output()
-    wait_until(lambda: row(run).status == Status.COMPLETED, timeout=60, procs=[worker])
+    wait_until(lambda: row(run).status == Status.COMPLETED, timeout=180, procs=[worker])
     completed = time.monotonic()
     assert worker.stop() == 0
 
