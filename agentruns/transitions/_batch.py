@@ -32,6 +32,7 @@ from agentruns.transitions._writer import (
     RUN_FIELDS,
     _execute,
     _insert_sql,
+    event_row,
 )
 
 
@@ -201,25 +202,18 @@ def insert_batch_events(
         return
     db = _db()
     created = _EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
-    payload = _EVENT_FIELDS["payload"]
     items = list(events.items())
     for start in range(0, len(items), _EVENT_BATCH):
         chunk = items[start : start + _EVENT_BATCH]
         params: list[Any] = []
         for run_id, spec in chunk:
-            link = chained.links[run_id]
-            params += [
+            params += event_row(
+                db,
                 run_id,
                 chained.sequences[run_id],
-                str(spec.kind),
-                segment,
-                epoch,
-                spec.duration_ms,
-                payload.get_db_prep_save(spec.payload, db),
-                spec.actor_id,
+                spec,
+                (segment, epoch),
+                chained.links[run_id],
                 created,
-                spec.actor_id,
-                link.prev_hash,
-                link.hash,
-            ]
+            )
         _execute(db, _insert_sql(db, len(chunk)), params)

@@ -141,6 +141,32 @@ def _insert_sql(db: BaseDatabaseWrapper, rows: int) -> str:
     return _sql_cache[key]
 
 
+def event_row(
+    db: BaseDatabaseWrapper,
+    run_id: int,
+    sequence: int,
+    spec: EventSpec,
+    signer: tuple[str, int],
+    chained: ledger.Link,
+    created: Any,
+) -> list[Any]:
+    """The parameters of one event row, in ``_EVENT_COLUMNS`` order (``_insert_sql``)."""
+    return [
+        run_id,
+        sequence,
+        str(spec.kind),
+        signer[0],
+        signer[1],
+        spec.duration_ms,
+        _EVENT_FIELDS["payload"].get_db_prep_save(spec.payload, db),
+        spec.actor_id,
+        created,
+        spec.actor_id,
+        chained.prev_hash,
+        chained.hash,
+    ]
+
+
 def insert_events(
     run_id: int,
     first_sequence: int,
@@ -159,26 +185,19 @@ def insert_events(
         raise ValueError("every event needs its link in the chain")
     db = connections[DEFAULT_DB_ALIAS]
     created = _EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
-    payload = _EVENT_FIELDS["payload"]
     for start in range(0, len(events), _EVENT_BATCH):
         batch = events[start : start + _EVENT_BATCH]
         params: list[Any] = []
         for offset, spec in enumerate(batch):
-            chained = links[start + offset]
-            params += [
+            params += event_row(
+                db,
                 run_id,
                 first_sequence + start + offset,
-                str(spec.kind),
-                segment,
-                epoch,
-                spec.duration_ms,
-                payload.get_db_prep_save(spec.payload, db),
-                spec.actor_id,
+                spec,
+                (segment, epoch),
+                links[start + offset],
                 created,
-                spec.actor_id,
-                chained.prev_hash,
-                chained.hash,
-            ]
+            )
         _execute(db, _insert_sql(db, len(batch)), params)
     return first_sequence + len(events)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from agentruns.management.commands.reap_stale_runs import positive_int
 from agentruns.services import retention
 
 
@@ -18,16 +19,6 @@ def days(raw: str) -> int:
         value = -1
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be a whole number of days, 0 or more, got {raw!r}")
-    return value
-
-
-def positive_int(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {raw!r}")
     return value
 
 
