@@ -393,3 +393,30 @@ def test_a_suspension_whose_deadline_cannot_be_written_leaves_the_run_to_its_lea
     assert run.pending_turn is None and run.approval_deadline is None
     assert EventKind.APPROVAL not in kinds(run)
     verify_ledger(run)
+
+
+# --- what people and clients see ------------------------------------------------------------------
+
+
+def test_the_api_shows_the_deadline_and_refuses_a_decision_past_it(probes):
+    from tests.agentruns.factories import UserFactory
+    from tests.agentruns.test_api import DECIDE, client_for
+
+    api = client_for(UserFactory(username="api-decider", permissions=[DECIDE]))
+    run = waiting_for_approval(timeout=LONG, action="fail")
+    body = api.get(f"/api/runs/{run.uuid}/").json()
+    assert body["pending_turn"]["on_deadline"] == "fail"
+    shown = body["pending_turn"]["deadline"]
+    assert shown.replace("Z", "+00:00") == run.approval_deadline.isoformat()
+
+    pass_deadline(run)
+    answer = api.post(
+        f"/api/runs/{run.uuid}/decision/",
+        {"approved": True, "turn_digest": run.pending_turn["turn_digest"]},
+        format="json",
+    )
+    assert answer.status_code == 409 and answer.json()["code"] == "approval_expired"
+
+    untimed = waiting_for_approval(timeout=None)
+    pending = api.get(f"/api/runs/{untimed.uuid}/").json()["pending_turn"]
+    assert (pending["deadline"], pending["on_deadline"]) == (None, None)
