@@ -54,7 +54,7 @@ WAITING_STATUSES = frozenset(
 )
 
 
-#: The states an approval deadline applies to (docs/design.md §5.10): never a run in doubt.
+#: The states an approval deadline applies to (docs/design.md §5.11): never a run in doubt.
 DEADLINE_STATUSES = frozenset({Status.WAITING_FOR_APPROVAL, Status.WAITING_FOR_INPUT})
 
 
@@ -244,7 +244,7 @@ class AgentRun(models.Model):
     # The hash of the run's last event (``agentruns.ledger``): written with every event, in the
     # same guarded statement or transaction, so removing the last events is detected too.
     ledger_head = models.CharField(max_length=64, blank=True, default="", editable=False)
-    # The approval deadline (docs/design.md §5.10): fixed by the database clock when the run
+    # The approval deadline (docs/design.md §5.11): fixed by the database clock when the run
     # last started waiting for approval or input (Now() + the configuration's
     # ``approval_timeout``), with what happens then; null = no deadline. Meaningful only while
     # the run waits in one of those two states (a later wait writes both again).

@@ -117,7 +117,7 @@ def stale_runs(*, after: tuple[Any, int] | None = None) -> QuerySet[AgentRun]:
 
 def overdue_waiting_runs() -> QuerySet[AgentRun]:
     """Runs waiting for approval or input past their approval deadline on the database clock
-    (docs/design.md §5.10), earliest deadline first. Served by the ``(status,
+    (docs/design.md §5.11), earliest deadline first. Served by the ``(status,
     approval_deadline)`` index. Never a run waiting for reconciliation. Read without a lock: the
     settle (``transitions.run_expire_waiting``) locks and re-checks each one."""
     return AgentRun.objects.filter(

@@ -41,7 +41,7 @@ class Card:
 
     @property
     def deadline(self) -> datetime | None:
-        """When nobody deciding ends the wait (docs/design.md §5.10), for a run waiting for
+        """When nobody deciding ends the wait (docs/design.md §5.11), for a run waiting for
         approval or input; ``None``: no deadline (or a run in doubt, never subject to one)."""
         if self.run.status not in DEADLINE_STATUSES:
             return None

@@ -243,7 +243,7 @@ def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
 
 
 def _deadline_view(run: AgentRun) -> dict[str, Any]:
-    """The approval deadline of a run waiting for approval or input (docs/design.md §5.10)."""
+    """The approval deadline of a run waiting for approval or input (docs/design.md §5.11)."""
     if run.status not in DEADLINE_STATUSES or run.approval_deadline is None:
         return {"deadline": None, "on_deadline": None}
     action = run.approval_timeout_action

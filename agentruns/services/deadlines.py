@@ -1,4 +1,4 @@
-"""Approval deadlines, the reaper's part (docs/design.md §5.10): settle the runs that waited for
+"""Approval deadlines, the reaper's part (docs/design.md §5.11): settle the runs that waited for
 approval or input past their deadline.
 
 Each overdue run (``selectors.overdue_waiting_runs``, earliest deadline first) is settled by its

@@ -84,7 +84,7 @@ def _require_runnable(run: AgentRun, *, tools: bool) -> AgentConfiguration:
 
 def _not_expired(run: AgentRun) -> None:
     """Refuse (``ApprovalExpired``) a person's decision on a run whose approval deadline passed
-    by the database clock (docs/design.md §5.10): the reaper settles it. Under the row lock, so
+    by the database clock (docs/design.md §5.11): the reaper settles it. Under the row lock, so
     of a decision and the deadline exactly one takes effect."""
     if past_deadline(run):
         raise ApprovalExpired()

@@ -21,7 +21,7 @@ in doubt whose tool declares a check gets the check task once the batch commits 
 queued runs nobody claimed for ``REDISPATCH_SECONDS`` get a fresh wake-up, and in-doubt runs
 whose tool's check stalled (its task lost, or its worker died) get the check task again
 (``checks.redispatch_due``). Runs waiting for approval or input past their approval deadline
-are settled too (rule ``deadline``: denied or failed, ``services.deadlines``, §5.10).
+are settled too (rule ``deadline``: denied or failed, ``services.deadlines``, §5.11).
 
 Owns no state of its own and never executes a run: it only settles or hands runs back.
 """
@@ -64,7 +64,7 @@ class Rule:
     NOT_REHYDRATABLE = "not_rehydratable"
     BUDGET = "budget"
     RECLAIM = "reclaim"
-    DEADLINE = "deadline"  # a run waited for approval or input past its deadline (§5.10)
+    DEADLINE = "deadline"  # a run waited for approval or input past its deadline (§5.11)
 
 
 class Verdict:
@@ -121,7 +121,7 @@ class ReaperReport:
     verdicts: list[RunVerdict] = field(default_factory=list)
     redispatched: int = 0
     checks_redispatched: int = 0  # check tasks of in-doubt runs sent again (docs/design.md §9.2)
-    # Runs that waited for approval or input past their deadline (docs/design.md §5.10).
+    # Runs that waited for approval or input past their deadline (docs/design.md §5.11).
     expired: list[RunVerdict] = field(default_factory=list)
 
     def count(self, verdict: str) -> int:

@@ -1,4 +1,4 @@
-"""Approval deadlines (docs/design.md §5.10): fixing a waiting run's deadline when it suspends,
+"""Approval deadlines (docs/design.md §5.11): fixing a waiting run's deadline when it suspends,
 and settling it once the deadline passed.
 
 * ``run_suspend_with_deadline`` — ``run_suspend`` and the deadline in one transaction: the run

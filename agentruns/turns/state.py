@@ -93,7 +93,7 @@ class Turn:
 
 
 #: Who may deny a turn without a person: ``""`` (a person did) or ``"deadline"`` (the approval
-#: deadline passed, docs/design.md §5.10).
+#: deadline passed, docs/design.md §5.11).
 DEADLINE = "deadline"
 DENIERS = ("", DEADLINE)
 

@@ -101,7 +101,7 @@ def _cases(api: APIClient) -> dict[str, list[tuple[str, str, dict | None, int]]]
     doubt = in_doubt()
     asking = waiting_for_input()
     mine = waiting_for_approval(get_user_model().objects.get(username="decider"), slug="mine")
-    # Approval deadlines (docs/design.md §5.10): one ahead, one passed.
+    # Approval deadlines (docs/design.md §5.11): one ahead, one passed.
     timed = waiting_for_approval(slug="timed", approval_timeout=timedelta(minutes=5))
     overdue = waiting_for_approval(slug="overdue", approval_timeout=timedelta(minutes=5))
     AgentRun.objects.filter(pk=overdue.pk).update(approval_deadline=Now() - timedelta(seconds=1))

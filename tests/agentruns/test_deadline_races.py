@@ -1,4 +1,4 @@
-"""A person's decision arriving as the approval deadline passes (docs/design.md §5.10), with real
+"""A person's decision arriving as the approval deadline passes (docs/design.md §5.11), with real
 threads on PostgreSQL: exactly one of the two takes effect, once.
 
 Each round starts a real run that waits for approval with a short deadline. One thread is the

@@ -1,4 +1,4 @@
-"""Approval deadlines (docs/design.md §5.10): a configuration's ``approval_timeout`` fixes a
+"""Approval deadlines (docs/design.md §5.11): a configuration's ``approval_timeout`` fixes a
 deadline, by the database clock, when a run starts waiting for approval or input; the reaper's
 pass settles the runs past it — ``deny`` (the model is told it expired, the run continues
 through the queue) or ``fail`` (``failed`` / ``approval_expired``) — through one guarded

@@ -1,4 +1,4 @@
-"""Approval deadlines in the inbox (docs/design.md §5.10): a card says when its wait ends and
+"""Approval deadlines in the inbox (docs/design.md §5.11): a card says when its wait ends and
 what happens then; the run's timeline says the deadline decided."""
 
 from __future__ import annotations

@@ -194,7 +194,7 @@ def unrun_event(call: Call, *, outcome: str, error: str) -> EventSpec:
 
 def denied_event(call: Call, *, by: str = "") -> EventSpec:
     """A call that was denied: the model is told an operator denied it — or, ``by="deadline"``,
-    that the request expired (docs/design.md §5.10)."""
+    that the request expired (docs/design.md §5.11)."""
     if by == DEADLINE:
         return unrun_event(call, outcome="expired", error=EXPIRED_MESSAGE)
     return unrun_event(call, outcome="denied", error=DENIED_MESSAGE)
