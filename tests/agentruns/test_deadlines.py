@@ -420,3 +420,36 @@ def test_the_api_shows_the_deadline_and_refuses_a_decision_past_it(probes):
     untimed = waiting_for_approval(timeout=None)
     pending = api.get(f"/api/runs/{untimed.uuid}/").json()["pending_turn"]
     assert (pending["deadline"], pending["on_deadline"]) == (None, None)
+
+
+def test_the_admin_form_offers_the_deadline_and_refuses_a_non_positive_one(client):
+    from django.contrib.auth import get_user_model
+    from django.urls import reverse
+
+    admin = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(admin)
+    configuration = AgentConfigurationFactory(slug="timed", name="Timed")
+    url = reverse("admin:agentruns_agentconfiguration_change", args=[configuration.pk])
+    form = client.get(url).content.decode()
+    assert 'name="approval_timeout"' in form and 'name="on_approval_timeout"' in form
+    fields = {
+        "slug": "timed",
+        "name": "Timed",
+        "provider": "scripted",
+        "timeout_seconds": 30,
+        "tools": "[]",
+        "max_iterations": 10,
+        "script": "[]",
+        "is_active": "on",
+        "on_approval_timeout": "fail",
+    }
+    refused = client.post(url, {**fields, "approval_timeout": "00:00:00"})
+    assert refused.status_code == 200
+    assert "A deadline must be a positive duration" in refused.content.decode()
+    configuration.refresh_from_db()
+    assert configuration.approval_timeout is None
+    saved = client.post(url, {**fields, "approval_timeout": "00:30:00"})
+    assert saved.status_code == 302
+    configuration.refresh_from_db()
+    assert configuration.approval_timeout == timedelta(minutes=30)
+    assert configuration.on_approval_timeout == "fail"
