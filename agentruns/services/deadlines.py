@@ -19,7 +19,7 @@ from uuid import UUID
 
 from agentruns import selectors, transitions
 from agentruns.exceptions import StateWriteFailed
-from agentruns.models import ApprovalTimeoutAction, Status
+from agentruns.models import AgentConfiguration, ApprovalTimeoutAction, Status
 from agentruns.services import dispatch
 
 logger = logging.getLogger(__name__)
@@ -57,12 +57,20 @@ def expire_overdue(
     settle is its own; the wake-up is sent after it commits).
     """
     overdue = selectors.overdue_waiting_runs().only(
-        "pk", "uuid", "status", "approval_deadline", "approval_timeout_action"
+        "pk", "uuid", "status", "approval_deadline", "approval_timeout_action", "configuration"
     )[: limit or EXPIRE_LIMIT]
     outcomes: list[DeadlineOutcome] = []
     for run in list(overdue):
-        planned = run.approval_timeout_action or ApprovalTimeoutAction.FAIL
         if dry_run:
+            # As the settle would decide it: deny only on an active configuration.
+            planned = (
+                ApprovalTimeoutAction.DENY
+                if run.approval_timeout_action == ApprovalTimeoutAction.DENY
+                and AgentConfiguration.objects.filter(
+                    pk=run.configuration_id, is_active=True
+                ).exists()
+                else ApprovalTimeoutAction.FAIL
+            )
             outcomes.append(
                 DeadlineOutcome(run.uuid, run.status, planned, run.approval_deadline, taken=True)
             )

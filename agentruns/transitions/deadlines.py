@@ -122,10 +122,6 @@ class Expired:
     deadline: datetime | None
     event: EventSpec
 
-    @property
-    def status(self) -> str:
-        return Status.QUEUED if self.action == ApprovalTimeoutAction.DENY else Status.FAILED
-
 
 def _overdue() -> Q:
     return Q(status__in=list(DEADLINE_STATUSES), approval_deadline__lt=Now())
