@@ -119,3 +119,31 @@ def test_a_decision_and_the_deadline_take_effect_exactly_once(probes, action):
         assert "intact" in out.getvalue()
     assert probes.seen == []  # nothing ran: the approved runs wait in the queue
     print(f"\n{action}: {dict(winners)} over {ROUNDS} rounds")
+
+
+def test_two_reapers_settle_each_overdue_run_exactly_once(probes):
+    """Two passes at once over the same overdue runs: ``SKIP LOCKED`` and the re-checked guard
+    give every run one settle and one event, whichever pass took it."""
+    from agentruns.services import deadlines
+
+    configuration = config(
+        script=[tool_turn(call("probe_create", value="x")), {"content": "done"}],
+        approval_timeout=timedelta(microseconds=1),
+        on_approval_timeout="deny",
+    )
+    waiting = [
+        runs.run_start_sync(configuration=configuration, prompt=f"write {i}").run.pk
+        for i in range(30)
+    ]
+    outcomes = race(
+        [
+            lambda: deadlines.expire_overdue(identity="reaper:a:1"),
+            lambda: deadlines.expire_overdue(identity="reaper:b:2"),
+        ]
+    )
+    assert [o.error for o in outcomes] == [None, None]
+    taken = [o.run_uuid for outcome in outcomes for o in outcome.value if o.taken]
+    assert len(taken) == len(set(taken)) == len(waiting)
+    for run_id in waiting:
+        assert AgentRun.objects.get(pk=run_id).status == Status.QUEUED
+        assert AgentRunEvent.objects.filter(run_id=run_id, kind=EventKind.APPROVAL).count() == 1
