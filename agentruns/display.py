@@ -34,6 +34,7 @@ REAPER_RULES = {
     "budget": "its retry budget was used up",
     "reclaim": "its lease expired",
     "redispatch": "nobody claimed it from the queue",
+    "deadline": "it waited past its approval deadline",
 }
 REAPER_VERDICTS = {
     "in_doubt": "parked for reconciliation",
@@ -41,13 +42,25 @@ REAPER_VERDICTS = {
     "requeued": "requeued",
     "skipped": "left alone (it was alive)",
     "redispatched": "sent a fresh wake-up",
+    "denied": "denied on behalf of the deadline, continued",
 }
 TOOL_OUTCOMES = {
     "executed": "ran",
     "denied": "denied, did not run",
+    "expired": "expired (nobody decided in time), did not run",
     "invalid_arguments": "refused: its arguments break the tool's schema",
     "reconciled_landed": "took effect (said in reconciliation)",
     "reconciled_not_landed": "did not take effect (said in reconciliation)",
+}
+# What happens at an approval deadline (``ApprovalTimeoutAction``): what the card says will
+# happen, and what the timeline says did.
+DEADLINE_ACTIONS = {
+    "deny": "then it is denied and the run continues",
+    "fail": "then the run fails",
+}
+DEADLINE_OUTCOMES = {
+    "deny": "denied, the run continues",
+    "fail": "the run failed",
 }
 DECISION_MODES = {
     "inline": "continued at once",

@@ -78,6 +78,13 @@ class AlreadyDecided(LeaseholdError):
     status = 409
 
 
+class ApprovalExpired(LeaseholdError):
+    """The approval deadline passed: the deadline settles this run, not a decision."""
+
+    code = "approval_expired"
+    status = 409
+
+
 class StaleTurn(LeaseholdError):
     """The pending action changed — review again."""
 

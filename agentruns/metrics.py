@@ -91,7 +91,7 @@ def record_reaper_pass(report: ReaperReport) -> None:
     counts nothing; a failure to count is logged and never fails the pass."""
     if report.dry_run:
         return
-    tally = Tally((v.rule, v.verdict) for v in report.verdicts)
+    tally = Tally((v.rule, v.verdict) for v in [*report.verdicts, *report.expired])
     increments: list[tuple[str, Mapping[str, str], int]] = [
         (REAPER_VERDICTS, {"rule": rule, "verdict": verdict}, n)
         for (rule, verdict), n in sorted(tally.items())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -53,6 +54,10 @@ WAITING_STATUSES = frozenset(
 )
 
 
+#: The states an approval deadline applies to (docs/design.md §5.11): never a run in doubt.
+DEADLINE_STATUSES = frozenset({Status.WAITING_FOR_APPROVAL, Status.WAITING_FOR_INPUT})
+
+
 class TerminationReason(models.TextChoices):
     COMPLETED = "completed", "completed"
     MAX_ITERATIONS = "max_iterations", "reached the round cap"
@@ -65,6 +70,7 @@ class TerminationReason(models.TextChoices):
     RECONCILED_ABANDONED = "reconciled_abandoned", "abandoned by an operator during reconciliation"
     CANCELLED = "cancelled", "cancelled"
     INTERNAL_ERROR = "internal_error", "an unexpected error inside Leasehold"
+    APPROVAL_EXPIRED = "approval_expired", "nobody decided before its approval deadline"
 
 
 class EventKind(models.TextChoices):
@@ -86,6 +92,13 @@ class EventKind(models.TextChoices):
     # A tool's automatic check of an in-doubt write answered unknown, failed or timed out; a
     # landed / not landed answer is a ``reconciliation`` event (``by: "check"``) instead.
     CHECK = "check", "automatic check"
+
+
+class ApprovalTimeoutAction(models.TextChoices):
+    """What happens to a run still waiting for approval or input at its deadline."""
+
+    DENY = "deny", "deny the turn (the model is told it expired) and continue the run"
+    FAIL = "fail", "end the run failed (approval_expired)"
 
 
 class Segment(models.TextChoices):
@@ -140,6 +153,21 @@ class AgentConfiguration(models.Model):
             "in-doubt call landed (beside the permissions those need). Empty: no group needed."
         ),
     )
+    approval_timeout = models.DurationField(
+        null=True,
+        blank=True,
+        help_text=(
+            "How long a run may wait for approval or input (e.g. 00:30:00 for 30 minutes, "
+            "1 00:00:00 for a day); empty: no deadline. Fixed when the run starts waiting; the "
+            "reaper settles it once passed (on_approval_timeout)."
+        ),
+    )
+    on_approval_timeout = models.CharField(
+        max_length=8,
+        choices=ApprovalTimeoutAction.choices,
+        default=ApprovalTimeoutAction.DENY,
+        help_text="What happens at the deadline: deny the turn and continue, or fail the run.",
+    )
     script = models.JSONField(
         default=list, blank=True, help_text="Turns for the scripted provider."
     )
@@ -154,10 +182,17 @@ class AgentConfiguration(models.Model):
         return self.name or self.slug
 
     def clean(self) -> None:
+        errors: dict[str, str] = {}
         if self.api_key_env:
             problem = secret_env_problem(self.api_key_env)
             if problem is not None:
-                raise ValidationError({"api_key_env": problem})
+                errors["api_key_env"] = problem
+        if self.approval_timeout is not None and self.approval_timeout <= timedelta(0):
+            errors["approval_timeout"] = "A deadline must be a positive duration (or empty: none)."
+        if self.on_approval_timeout not in ApprovalTimeoutAction.values:
+            errors["on_approval_timeout"] = "Choose deny or fail."
+        if errors:
+            raise ValidationError(errors)
 
 
 class AgentRun(models.Model):
@@ -209,6 +244,14 @@ class AgentRun(models.Model):
     # The hash of the run's last event (``agentruns.ledger``): written with every event, in the
     # same guarded statement or transaction, so removing the last events is detected too.
     ledger_head = models.CharField(max_length=64, blank=True, default="", editable=False)
+    # The approval deadline (docs/design.md §5.11): fixed by the database clock when the run
+    # last started waiting for approval or input (Now() + the configuration's
+    # ``approval_timeout``), with what happens then; null = no deadline. Meaningful only while
+    # the run waits in one of those two states (a later wait writes both again).
+    approval_deadline = models.DateTimeField(null=True, blank=True)
+    approval_timeout_action = models.CharField(
+        max_length=8, choices=ApprovalTimeoutAction.choices, blank=True
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -218,6 +261,8 @@ class AgentRun(models.Model):
             models.Index(fields=["initiator", "created_at"], name="agentrun_initiator_created"),
             # Retention (services/retention.py): terminal runs by when they finished.
             models.Index(fields=["status", "finished_at"], name="agentrun_status_finished"),
+            # The reaper's approval deadlines (services/deadlines.py).
+            models.Index(fields=["status", "approval_deadline"], name="agentrun_status_deadline"),
         ]
         permissions = [
             ("decide_agentrun", "Can decide pending agent runs (approve, deny, input, reconcile)"),

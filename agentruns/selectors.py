@@ -25,6 +25,7 @@ from agentruns.attribution import Attribution, attribute_runs
 from agentruns.authority import DECIDE_PERMISSION, VIEW_ALL_PERMISSION, Decider
 from agentruns.exceptions import RunNotFound
 from agentruns.models import (
+    DEADLINE_STATUSES,
     WAITING_STATUSES,
     AgentConfiguration,
     AgentRun,
@@ -112,6 +113,16 @@ def stale_runs(*, after: tuple[Any, int] | None = None) -> QuerySet[AgentRun]:
             lease_expires=lease_expires, pk__lte=pk
         )
     return queryset.select_related("configuration").order_by("lease_expires", "pk")
+
+
+def overdue_waiting_runs() -> QuerySet[AgentRun]:
+    """Runs waiting for approval or input past their approval deadline on the database clock
+    (docs/design.md §5.11), earliest deadline first. Served by the ``(status,
+    approval_deadline)`` index. Never a run waiting for reconciliation. Read without a lock: the
+    settle (``transitions.run_expire_waiting``) locks and re-checks each one."""
+    return AgentRun.objects.filter(
+        status__in=list(DEADLINE_STATUSES), approval_deadline__lt=Now()
+    ).order_by("approval_deadline", "pk")
 
 
 def unclaimed_queued_runs(*, older_than_seconds: float) -> QuerySet[AgentRun]:

@@ -6,10 +6,11 @@ from the schema. No queries of its own: the authority reads the reader's groups 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from agentruns.authority import Authority, Decider, approval_authority, cancel_authority
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
-from agentruns.models import AgentRun, Status
+from agentruns.models import DEADLINE_STATUSES, AgentRun, Status
 from agentruns.turns import (
     APPROVAL,
     INPUT,
@@ -37,6 +38,14 @@ class Card:
     @property
     def kind(self) -> str:
         return self.pending.kind
+
+    @property
+    def deadline(self) -> datetime | None:
+        """When nobody deciding ends the wait (docs/design.md §5.11), for a run waiting for
+        approval or input; ``None``: no deadline (or a run in doubt, never subject to one)."""
+        if self.run.status not in DEADLINE_STATUSES:
+            return None
+        return self.run.approval_deadline
 
     @property
     def template(self) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from agentruns.attribution import Attribution
 from agentruns.exceptions import (
     AlreadyDecided,
+    ApprovalExpired,
     InvalidInput,
     InvalidRequest,
     LeaseholdError,
@@ -24,6 +25,8 @@ from agentruns.services.runtime.results import Outcome, SegmentResult
 REFUSALS: dict[type[LeaseholdError], str] = {
     StaleTurn: "The pending action changed — review again.",
     AlreadyDecided: "Someone already decided this — nothing was changed.",
+    ApprovalExpired: "Its approval deadline has passed — nothing was changed. The reaper settles "
+    "it at its next pass, as its configuration says (deny or fail).",
     SelfApprovalRefused: "A colleague must approve; you may deny.",
     NotWaiting: "This run is not waiting for that decision anymore{status} — nothing was changed.",
     RunNotFound: "That run does not exist.",

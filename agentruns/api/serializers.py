@@ -7,7 +7,13 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from agentruns.models import AgentRun, AgentRunEvent, Status
+from agentruns.models import (
+    DEADLINE_STATUSES,
+    AgentRun,
+    AgentRunEvent,
+    ApprovalTimeoutAction,
+    Status,
+)
 from agentruns.services import runs
 from agentruns.tools.origins import tool_origin
 from agentruns.turns import INPUT, RECONCILIATION, read_pending_turn, waits_for_a_human
@@ -189,6 +195,18 @@ class PendingTurnSerializer(serializers.Serializer):
         allow_null=True,
         help_text="reconciliation: the tool's automatic check, when its tool declares one.",
     )
+    deadline = serializers.DateTimeField(
+        allow_null=True,
+        help_text="approval and input: when the wait ends if nobody decides (the database "
+        "clock, fixed when the run started waiting); null: no deadline. Never for a "
+        "reconciliation.",
+    )
+    on_deadline = serializers.ChoiceField(
+        choices=["deny", "fail"],
+        allow_null=True,
+        help_text="What happens at the deadline: deny (the model is told it expired and the run "
+        "continues) or fail (the run ends failed / approval_expired); null: no deadline.",
+    )
 
 
 def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
@@ -220,6 +238,18 @@ def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
         "problem": pending.problem,
         "reason": pending.reason,
         "check": pending.check.to_json() if pending.check is not None else None,
+        **_deadline_view(run),
+    }
+
+
+def _deadline_view(run: AgentRun) -> dict[str, Any]:
+    """The approval deadline of a run waiting for approval or input (docs/design.md §5.11)."""
+    if run.status not in DEADLINE_STATUSES or run.approval_deadline is None:
+        return {"deadline": None, "on_deadline": None}
+    action = run.approval_timeout_action
+    return {
+        "deadline": serializers.DateTimeField().to_representation(run.approval_deadline),
+        "on_deadline": action if action in ApprovalTimeoutAction.values else "fail",
     }
 
 

@@ -21,6 +21,7 @@ from agentruns.authority import (
     deciding_authority,
 )
 from agentruns.exceptions import (
+    ApprovalExpired,
     InvalidInput,
     InvalidRequest,
     NotPermitted,
@@ -45,6 +46,7 @@ from agentruns.services.runtime.results import EventObserver, Outcome, SegmentRe
 from agentruns.services.runtime.segment import continue_segment
 from agentruns.tools import registry
 from agentruns.tools.schemas import InvalidSchema, SchemaError, input_errors
+from agentruns.transitions.deadlines import past_deadline
 from agentruns.turns import (
     ApprovalDecision,
     InputDecision,
@@ -80,7 +82,16 @@ def _require_runnable(run: AgentRun, *, tools: bool) -> AgentConfiguration:
     return configuration
 
 
+def _not_expired(run: AgentRun) -> None:
+    """Refuse (``ApprovalExpired``) a person's decision on a run whose approval deadline passed
+    by the database clock (docs/design.md §5.11): the reaper settles it. Under the row lock, so
+    of a decision and the deadline exactly one takes effect."""
+    if past_deadline(run):
+        raise ApprovalExpired()
+
+
 def _runnable_with_tools(run: AgentRun) -> None:
+    _not_expired(run)
     _require_runnable(run, tools=True)
 
 
@@ -147,7 +158,8 @@ def run_decide(
     Refusals (nothing changes): ``NotPermitted`` (no ``decide_agentrun``; approving, also the
     authority of ``agentruns.authority.approval_authority``, checked under the row lock),
     ``RunNotFound``, ``StaleTurn`` (missing or stale digest), ``AlreadyDecided``, ``NotWaiting``,
-    ``SelfApprovalRefused`` (four-eyes: the initiator may deny but not approve). The approval
+    ``SelfApprovalRefused`` (four-eyes: the initiator may deny but not approve),
+    ``ApprovalExpired`` (its approval deadline passed: the reaper settles it). The approval
     event records the authority checked. Inline mode continues under a ``resume:`` claim in this
     process; queued mode hands the continuation to a worker.
     """
@@ -170,6 +182,7 @@ def run_decide(
     checked: list[Authority] = []
 
     def authority_then_four_eyes(run: AgentRun) -> None:
+        _not_expired(run)
         configuration = _require_runnable(run, tools=approved)
         checked.append(
             _require_authority(actor, run, configuration) if approved else deciding_authority(actor)

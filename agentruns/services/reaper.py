@@ -20,7 +20,8 @@ meanwhile keeps its run (verdict ``skipped``). Every verdict is a ``reaper`` eve
 in doubt whose tool declares a check gets the check task once the batch commits (§9.2). Then
 queued runs nobody claimed for ``REDISPATCH_SECONDS`` get a fresh wake-up, and in-doubt runs
 whose tool's check stalled (its task lost, or its worker died) get the check task again
-(``checks.redispatch_due``).
+(``checks.redispatch_due``). Runs waiting for approval or input past their approval deadline
+are settled too (rule ``deadline``: denied or failed, ``services.deadlines``, §5.11).
 
 Owns no state of its own and never executes a run: it only settles or hands runs back.
 """
@@ -41,7 +42,7 @@ from agentruns.identity import reaper_identity
 from agentruns.leases import EventSpec
 from agentruns.metrics import record_reaper_pass
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status, TerminationReason
-from agentruns.services import checks, dispatch
+from agentruns.services import checks, deadlines, dispatch
 from agentruns.services.runtime.transcript import NotRehydratable, rehydrate
 from agentruns.tools import registry
 from agentruns.turns import CheckStatus, PendingTurn
@@ -63,6 +64,7 @@ class Rule:
     NOT_REHYDRATABLE = "not_rehydratable"
     BUDGET = "budget"
     RECLAIM = "reclaim"
+    DEADLINE = "deadline"  # a run waited for approval or input past its deadline (§5.11)
 
 
 class Verdict:
@@ -70,6 +72,7 @@ class Verdict:
     DEAD_LETTERED = "dead_lettered"
     REQUEUED = "requeued"
     SKIPPED = "skipped"
+    DENIED = "denied"  # denied on behalf of the deadline, queued to continue
 
 
 #: What each verdict leaves the run as (shown by the command).
@@ -118,6 +121,8 @@ class ReaperReport:
     verdicts: list[RunVerdict] = field(default_factory=list)
     redispatched: int = 0
     checks_redispatched: int = 0  # check tasks of in-doubt runs sent again (docs/design.md §9.2)
+    # Runs that waited for approval or input past their deadline (docs/design.md §5.11).
+    expired: list[RunVerdict] = field(default_factory=list)
 
     def count(self, verdict: str) -> int:
         return sum(1 for v in self.verdicts if v.verdict == verdict)
@@ -133,6 +138,13 @@ class ReaperReport:
             f"dead-lettered {self.count(Verdict.DEAD_LETTERED)}, "
             f"skipped {self.count(Verdict.SKIPPED)}"
         )
+        if self.expired:
+            denied = sum(1 for v in self.expired if v.verdict == Verdict.DENIED)
+            failed = sum(1 for v in self.expired if v.verdict == Verdict.DEAD_LETTERED)
+            text += (
+                f"; past their approval deadline {len(self.expired)}: denied {denied}, "
+                f"failed {failed}, skipped {len(self.expired) - denied - failed}"
+            )
         if self.dry_run:
             return text + " (dry run: nothing changed)"
         text += f"; redispatched {self.redispatched} unclaimed queued run(s)"
@@ -406,6 +418,26 @@ def _batch(
     return verdicts, cursor
 
 
+def _deadline_verdict(outcome: deadlines.DeadlineOutcome) -> RunVerdict:
+    """The line and the counted verdict of one run past its approval deadline."""
+    deadline = outcome.deadline.isoformat() if outcome.deadline else "?"
+    if outcome.taken:
+        verdict = Verdict.DENIED if outcome.action == "deny" else Verdict.DEAD_LETTERED
+        detail = f"waited in {outcome.waited} past its deadline {deadline}"
+    else:
+        verdict = Verdict.SKIPPED
+        detail = outcome.failure or "decided, cancelled or being decided meanwhile"
+    return RunVerdict(
+        run_uuid=outcome.run_uuid,
+        segment="",
+        lease_epoch=0,
+        rule=Rule.DEADLINE,
+        verdict=verdict,
+        result=outcome.result,
+        detail=detail,
+    )
+
+
 def redispatch_unclaimed(*, identity: str | None = None, limit: int = REDISPATCH_LIMIT) -> int:
     """Send a fresh wake-up to queued runs nobody claimed for ``REDISPATCH_SECONDS``.
 
@@ -466,6 +498,10 @@ def reap_stale_runs(
         report.verdicts.extend(verdicts)
         if len(verdicts) < size:
             break
+    report.expired = [
+        _deadline_verdict(outcome)
+        for outcome in deadlines.expire_overdue(identity=identity, limit=limit, dry_run=dry_run)
+    ]
     if redispatch and not dry_run:
         report.redispatched = redispatch_unclaimed(identity=identity)
         report.checks_redispatched = checks.redispatch_due()

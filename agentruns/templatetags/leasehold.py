@@ -15,7 +15,7 @@ from django import template
 from django.utils import timezone
 from django.utils.dateformat import format as date_format
 from django.utils.html import format_html
-from django.utils.timesince import timesince
+from django.utils.timesince import timesince, timeuntil
 
 from agentruns import display
 
@@ -36,6 +36,7 @@ _TABLES = {
     "tool_outcome": display.TOOL_OUTCOMES,
     "decision_mode": display.DECISION_MODES,
     "segment_outcome": display.SEGMENT_OUTCOMES,
+    "deadline_action": display.DEADLINE_ACTIONS,
 }
 
 
@@ -95,6 +96,23 @@ def ago(value: Any) -> str:
     if (timezone.now() - value).total_seconds() < 60:
         return "just now"  # (a time in the future, from a skewed clock, too)
     return f"{timesince(value, depth=1)} ago"
+
+
+@register.filter
+def expires_in(value: Any) -> str:
+    """ "expires in 12 minutes" for a deadline ahead, "expired 3 minutes ago" (or "expired just
+    now") for one passed — by this server's clock, for reading only: the reaper decides by the
+    database clock."""
+    if not isinstance(value, datetime):
+        return ""
+    left = (value - timezone.now()).total_seconds()
+    if left >= 60:
+        return f"expires in {timeuntil(value, depth=2)}"
+    if left > 0:
+        return "expires in less than a minute"
+    if left > -60:
+        return "expired just now"
+    return f"expired {timesince(value, depth=1)} ago"
 
 
 @register.simple_tag

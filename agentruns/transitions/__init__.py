@@ -27,6 +27,10 @@ Conventions:
 from __future__ import annotations
 
 from agentruns.transitions.checks import run_note_check
+from agentruns.transitions.deadlines import (
+    run_expire_waiting,
+    run_suspend_with_deadline,
+)
 from agentruns.transitions.decisions import (
     run_decide,
     run_reconcile_abandon,
@@ -65,6 +69,7 @@ __all__ = [
     "run_clear_fence",
     "run_decide",
     "run_enqueue",
+    "run_expire_waiting",
     "run_heartbeat",
     "run_mark_in_doubt",
     "run_mark_redispatched",
@@ -79,5 +84,6 @@ __all__ = [
     "run_stamp_fence",
     "run_start",
     "run_suspend",
+    "run_suspend_with_deadline",
     "runs_reap_stale",
 ]

@@ -40,6 +40,7 @@ from agentruns.turns.pending import (
 )
 from agentruns.turns.previews import Change, Preview
 from agentruns.turns.state import (
+    DEADLINE,
     DECIDED_DIGESTS_KEPT,
     ApprovalDecision,
     Decision,
@@ -55,6 +56,7 @@ from agentruns.turns.state import (
 
 __all__ = [
     "APPROVAL",
+    "DEADLINE",
     "DECIDED_DIGESTS_KEPT",
     "INPUT",
     "RECONCILIATION",

@@ -27,13 +27,15 @@ DECIDED_DIGESTS_KEPT = 50
 @dataclass
 class Turn:
     """The turn a segment is executing: the model's calls in order, the ids already done
-    (executed, denied or reconciled), the approval decision (``None``: none yet) and the values
-    a human supplied per call id."""
+    (executed, denied or reconciled), the approval decision (``None``: none yet), the values
+    a human supplied per call id, and who denied it when nobody did in person (``denied_by``:
+    ``"deadline"`` — the approval deadline passed; empty otherwise)."""
 
     calls: list[Call]
     done: list[str] = field(default_factory=list)
     approved: bool | None = None
     inputs: dict[str, Any] = field(default_factory=dict)
+    denied_by: str = ""
 
     def open_calls(self) -> list[Call]:
         """The calls not done yet: what an approval of this turn lets run."""
@@ -43,12 +45,15 @@ class Turn:
         return next((call for call in self.calls if call.id == call_id), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "calls": [call.to_json() for call in self.calls],
             "done": list(self.done),
             "approved": self.approved,
             "inputs": dict(self.inputs),
         }
+        if self.denied_by:
+            data["denied_by"] = self.denied_by
+        return data
 
     @classmethod
     def parse(cls, raw: object) -> Turn:
@@ -72,33 +77,48 @@ class Turn:
         inputs = {} if inputs is None else inputs
         if not isinstance(inputs, dict):
             raise Unreadable("loop_state.turn.inputs is malformed")
+        denied_by = raw.get("denied_by", "")
+        if denied_by not in DENIERS:
+            raise Unreadable("loop_state.turn was denied by an unknown party")
         return cls(
             calls=calls,
             done=_strings(raw.get("done"), "loop_state.turn.done"),
             approved=approved,
             inputs=dict(inputs),
+            denied_by=str(denied_by),
         )
 
 
 # --- Decisions (loop_state.decision) ----------------------------------------------------------
 
 
+#: Who may deny a turn without a person: ``""`` (a person did) or ``"deadline"`` (the approval
+#: deadline passed, docs/design.md §5.11).
+DEADLINE = "deadline"
+DENIERS = ("", DEADLINE)
+
+
 @dataclass(frozen=True)
 class ApprovalDecision:
-    """A human approved or denied the whole pending turn, whose digest was ``turn_digest``."""
+    """A human approved or denied the whole pending turn, whose digest was ``turn_digest`` — or
+    (``by="deadline"``, a denial only) nobody decided before its approval deadline."""
 
     approved: bool
     decider_id: int | None = None
     turn_digest: str = ""
+    by: str = "person"
     kind: Literal["approval"] = "approval"
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "kind": self.kind,
             "approved": self.approved,
             "decider_id": self.decider_id,
             "turn_digest": self.turn_digest,
         }
+        if self.by != "person":
+            data["by"] = self.by
+        return data
 
 
 @dataclass(frozen=True)
@@ -172,8 +192,11 @@ def parse_decision(raw: object) -> Decision:
         approved = raw.get("approved")
         if not isinstance(approved, bool):
             raise Unreadable("loop_state.decision.approved is not true or false")
+        by = raw.get("by", "person")
+        if by not in ("person", DEADLINE) or (by == DEADLINE and approved):
+            raise Unreadable("loop_state.decision was made by an unknown party")
         return ApprovalDecision(
-            approved=approved, decider_id=_decider(raw), turn_digest=_digest_of(raw)
+            approved=approved, decider_id=_decider(raw), turn_digest=_digest_of(raw), by=str(by)
         )
     if kind == INPUT:
         call_id = raw.get("call_id")

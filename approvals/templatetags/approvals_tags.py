@@ -84,7 +84,8 @@ def event_summary(event: Any) -> str:
         outcome = display.lookup(display.TOOL_OUTCOMES, payload.get("outcome", ""))
         ok = (
             ""
-            if payload.get("ok") in (None, True) or outcome.startswith(("denied", "refused"))
+            if payload.get("ok") in (None, True)
+            or outcome.startswith(("denied", "refused", "expired"))
             else " — failed"
         )
         effect = display.effect_text(payload.get("effect"))
@@ -92,8 +93,17 @@ def event_summary(event: Any) -> str:
     if kind == "approval":
         verdict = "approved" if payload.get("approved") else "denied"
         calls = _calls(payload.get("calls"))
+        if payload.get("by") == "deadline":
+            then = display.lookup(display.DEADLINE_OUTCOMES, payload.get("action"))
+            shown = f": {calls}" if calls else ""
+            return f"Expired: nobody decided before the deadline — {then}{shown}"
         return f"{verdict.capitalize()}{': ' + calls if calls else ''}"
     if kind == "input":
+        if payload.get("by") == "deadline":
+            then = display.lookup(display.DEADLINE_OUTCOMES, payload.get("action"))
+            return (
+                f"Expired: nobody answered {payload.get('name', '?')} before the deadline — {then}"
+            )
         return f"Input supplied for {payload.get('name', '?')}"
     if kind == "reconciliation":
         verdicts: dict[Any, str] = {
@@ -132,6 +142,8 @@ def decider(event: Any) -> str:
     payload = event.payload if isinstance(event.payload, dict) else {}
     if payload.get("by") == "check":
         return "the automatic check"
+    if payload.get("by") == "deadline":
+        return "the approval deadline"
     recorded = payload.get("decider")
     if recorded:
         return f"{recorded} (account no longer exists)"

@@ -4,14 +4,17 @@ operation answers with a documented status and a body matching the documented sc
 from __future__ import annotations
 
 import copy
+from datetime import timedelta
 from typing import Any
 
 import jsonschema
 import pytest
 from django.contrib.auth import get_user_model
+from django.db.models.functions import Now
 from drf_spectacular.validation import validate_schema
 from rest_framework.test import APIClient
 
+from agentruns.models import AgentRun
 from tests.agentruns.api_support import (
     config,
     digest,
@@ -98,6 +101,10 @@ def _cases(api: APIClient) -> dict[str, list[tuple[str, str, dict | None, int]]]
     doubt = in_doubt()
     asking = waiting_for_input()
     mine = waiting_for_approval(get_user_model().objects.get(username="decider"), slug="mine")
+    # Approval deadlines (docs/design.md §5.11): one ahead, one passed.
+    timed = waiting_for_approval(slug="timed", approval_timeout=timedelta(minutes=5))
+    overdue = waiting_for_approval(slug="overdue", approval_timeout=timedelta(minutes=5))
+    AgentRun.objects.filter(pk=overdue.pk).update(approval_deadline=Now() - timedelta(seconds=1))
     unknown = "00000000-0000-0000-0000-000000000000"
     return {
         "runs_list": [
@@ -117,6 +124,7 @@ def _cases(api: APIClient) -> dict[str, list[tuple[str, str, dict | None, int]]]
         "runs_retrieve": [
             ("get", f"/api/runs/{approval.uuid}/", None, 200),
             ("get", f"/api/runs/{doubt.uuid}/", None, 200),
+            ("get", f"/api/runs/{timed.uuid}/", None, 200),
             ("get", f"/api/runs/{unknown}/", None, 404),
         ],
         "runs_events": [
@@ -139,6 +147,12 @@ def _cases(api: APIClient) -> dict[str, list[tuple[str, str, dict | None, int]]]
                 200,
             ),
             ("post", f"/api/runs/{approval.uuid}/decision/", {}, 400),
+            (
+                "post",
+                f"/api/runs/{overdue.uuid}/decision/",
+                {"approved": True, "turn_digest": digest(overdue)},
+                409,
+            ),
             ("post", f"/api/runs/{unknown}/decision/", {"approved": True}, 404),
         ],
         "runs_input": [

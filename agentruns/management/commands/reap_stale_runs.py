@@ -23,8 +23,9 @@ def positive_int(raw: str) -> int:
 class Command(BaseCommand):
     help = (
         "Settle runs whose lease expired: in doubt (a non-idempotent write was in flight), "
-        "dead-lettered (not rehydratable or out of retries) or requeued; then redispatch queued "
-        "runs nobody claimed. Prints one line per run and a summary."
+        "dead-lettered (not rehydratable or out of retries) or requeued; settle runs waiting for "
+        "approval or input past their deadline (deny or fail); then redispatch queued runs "
+        "nobody claimed. Prints one line per run and a summary."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -45,6 +46,6 @@ class Command(BaseCommand):
         report = reaper.reap_stale_runs(
             limit=options["limit"], dry_run=options["dry_run"], batch_size=options["batch_size"]
         )
-        for verdict in report.verdicts:
+        for verdict in [*report.verdicts, *report.expired]:
             self.stdout.write(verdict.line())
         self.stdout.write(report.summary())

@@ -46,6 +46,8 @@ def apply_decision(state: LoopState, *, input_schema_of: SchemaOf) -> list[Event
     if isinstance(decision, ApprovalDecision):
         if not decision.approved:
             turn.approved = False  # a denial lets nothing run: nothing to verify
+            # Denied by the approval deadline (§5.11): the model is told it expired.
+            turn.denied_by = decision.by if decision.by != "person" else ""
             return []
         executing = turn_digest(turn.open_calls())
         if executing != decision.turn_digest:

@@ -64,6 +64,7 @@ from agentruns.services.runtime.transcript import (
 from agentruns.tools import Tool
 from agentruns.tools.mcp_sessions import SessionScope, session_scope
 from agentruns.tools.registry import argument_errors, overlay_input
+from agentruns.transitions.deadlines import WaitDeadline
 from agentruns.turns import (
     Call,
     LoopState,
@@ -349,7 +350,8 @@ class RunSegment(ProviderStep):
 
     def _record_denied(self, turn: Turn, call: Call, *, last_of_turn: bool) -> Stop | None:
         turn.done.append(call.id)
-        return self._step_done([denied_event(call)], clear_fence=False, last_of_turn=last_of_turn)
+        denied = denied_event(call, by=turn.denied_by)
+        return self._step_done([denied], clear_fence=False, last_of_turn=last_of_turn)
 
     def _execute(
         self, turn: Turn, call: Call, tool: Tool | None, arguments: Any, *, last_of_turn: bool
@@ -438,8 +440,12 @@ class RunSegment(ProviderStep):
     def _suspend(self, status: str, pending: PendingTurn, outcome: str) -> Stop:
         if stop := self._flush():
             return stop
-        if transitions.run_suspend(
-            self.lease, status=status, pending_turn=pending, loop_state=self.state.to_json()
+        if transitions.run_suspend_with_deadline(
+            self.lease,
+            status=status,
+            pending_turn=pending,
+            loop_state=self.state.to_json(),
+            deadline=WaitDeadline.of(self.config),
         ):
             return Stop(outcome)
         # Cancelled (or lost) meanwhile: never announce a resumable pause.

@@ -20,9 +20,9 @@ from agentruns.exceptions import WriteWithoutDurableExecution
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import WRITE_EFFECTS, AgentConfiguration, Effect, EventKind
 from agentruns.services.runtime.ticker import LeaseTicker
-from agentruns.services.runtime.transcript import DENIED_MESSAGE
+from agentruns.services.runtime.transcript import DENIED_MESSAGE, EXPIRED_MESSAGE
 from agentruns.tools import Tool, ToolContext, ToolResult, invoke_tool, registry
-from agentruns.turns import Call
+from agentruns.turns import DEADLINE, Call
 
 # --- Which tools a run may use ------------------------------------------------------------------
 
@@ -192,8 +192,11 @@ def unrun_event(call: Call, *, outcome: str, error: str) -> EventSpec:
     )
 
 
-def denied_event(call: Call) -> EventSpec:
-    """A call that was denied: the model is told an operator denied it."""
+def denied_event(call: Call, *, by: str = "") -> EventSpec:
+    """A call that was denied: the model is told an operator denied it — or, ``by="deadline"``,
+    that the request expired (docs/design.md §5.11)."""
+    if by == DEADLINE:
+        return unrun_event(call, outcome="expired", error=EXPIRED_MESSAGE)
     return unrun_event(call, outcome="denied", error=DENIED_MESSAGE)
 
 

@@ -23,6 +23,10 @@ class NotRehydratable(Exception):
 
 
 DENIED_MESSAGE = "denied by an operator: this call was not executed"
+EXPIRED_MESSAGE = (
+    "the request for approval (or input) expired: nobody decided before its deadline, so this "
+    "call was not executed"
+)
 
 
 def system_prompt_for(run: AgentRun) -> str:

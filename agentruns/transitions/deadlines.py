@@ -1,0 +1,243 @@
+"""Approval deadlines (docs/design.md §5.11): fixing a waiting run's deadline when it suspends,
+and settling it once the deadline passed.
+
+* ``run_suspend_with_deadline`` — ``run_suspend`` and the deadline in one transaction: the run
+  never waits without the deadline its configuration gave it when it started waiting.
+* ``run_expire_waiting`` — the reaper's settle of one overdue run, under its row lock (``SKIP
+  LOCKED``): deny on behalf of the deadline (``queued``, the denial in the loop state) or fail
+  (``failed`` / ``approval_expired``), with the decision event, chained like every event.
+* ``past_deadline`` — a person's decision checks it under the row lock: once the deadline passed
+  by the database clock, the run is the deadline's to settle.
+
+A run waiting for reconciliation (an in-doubt write) is never subject to a deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.db import transaction
+from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
+from django.db.models.functions import Now
+
+from agentruns.leases import EventSpec, Lease
+from agentruns.models import (
+    DEADLINE_STATUSES,
+    AgentConfiguration,
+    AgentRun,
+    ApprovalTimeoutAction,
+    EventKind,
+    Status,
+    TerminationReason,
+)
+from agentruns.transitions._writer import DbValue, guarded_write, state_write
+from agentruns.transitions.segment import run_suspend
+from agentruns.turns import (
+    DEADLINE,
+    INPUT,
+    ApprovalDecision,
+    PendingTurn,
+    read_pending_turn,
+    stored_digest,
+    with_decision,
+)
+
+
+@dataclass(frozen=True)
+class WaitDeadline:
+    """What a configuration says about waiting, read when the run suspends: how long it may
+    wait (``None``: no deadline) and what happens then."""
+
+    timeout: timedelta | None
+    action: str = ApprovalTimeoutAction.DENY
+
+    @classmethod
+    def of(cls, configuration: AgentConfiguration) -> WaitDeadline:
+        timeout = configuration.approval_timeout
+        if timeout is not None and timeout <= timedelta(0):
+            timeout = None  # refused by the admin; a row written around it means no deadline
+        action = configuration.on_approval_timeout
+        if action not in ApprovalTimeoutAction.values:
+            action = ApprovalTimeoutAction.FAIL  # unknown: the safe ending
+        return cls(timeout=timeout, action=str(action))
+
+    def values(self) -> dict[str, Any]:
+        """The run columns that fix it: ``Now() + timeout`` on the database clock, or none."""
+        if self.timeout is None:
+            return {"approval_deadline": None, "approval_timeout_action": ""}
+        deadline = ExpressionWrapper(Now() + Value(self.timeout), output_field=DateTimeField())
+        return {"approval_deadline": deadline, "approval_timeout_action": self.action}
+
+
+@state_write
+def run_suspend_with_deadline(
+    lease: Lease,
+    *,
+    status: str,
+    pending_turn: PendingTurn,
+    loop_state: Mapping[str, Any],
+    deadline: WaitDeadline,
+) -> bool:
+    """``run_suspend`` and the run's deadline, in one transaction: the suspend's owner-guarded
+    ``UPDATE`` (and its events), then ``approval_deadline`` = ``Now() + timeout`` (null without
+    a timeout, so an earlier wait's deadline never carries over) and the action, guarded by the
+    state the suspend just wrote (``status``, unclaimed, the same epoch) while its row lock is
+    held. ``False``: the suspend matched nothing (cancelled or lease lost) — nothing written.
+    A crash between the two statements rolls both back: the run is still ``running`` under a
+    lease that runs out, and the reaper continues it from its last boundary."""
+    with transaction.atomic():
+        if not run_suspend(lease, status=status, pending_turn=pending_turn, loop_state=loop_state):
+            return False
+        if not guarded_write(
+            lease.run_id,
+            Q(status=status, claimed_by="", lease_epoch=lease.epoch),
+            deadline.values(),
+            savepoint=False,
+        ):  # pragma: no cover - impossible: the suspend's UPDATE holds the row
+            raise AssertionError("the suspended run changed under its own transaction")
+    return True
+
+
+def past_deadline(run: AgentRun) -> bool:
+    """Whether ``run`` (read under its row lock) waits for approval or input past its deadline,
+    by the database clock. A person's decision is refused then (``ApprovalExpired``): the
+    deadline settles it."""
+    if run.status not in DEADLINE_STATUSES or run.approval_deadline is None:
+        return False
+    return AgentRun.objects.filter(pk=run.pk, approval_deadline__lt=Now()).exists()
+
+
+@dataclass(frozen=True)
+class Expired:
+    """One run the deadline settled: how it waited, what it got, and the event written."""
+
+    run_id: int
+    run_uuid: UUID
+    waited: str  # the status it waited in
+    action: str  # deny or fail
+    deadline: datetime | None
+    event: EventSpec
+
+
+def _overdue() -> Q:
+    return Q(status__in=list(DEADLINE_STATUSES), approval_deadline__lt=Now())
+
+
+def _event(run: AgentRun, pending: PendingTurn, action: str, digest: str) -> EventSpec:
+    deadline = run.approval_deadline.isoformat() if run.approval_deadline else None
+    common = {
+        "turn_digest": digest,
+        "by": DEADLINE,
+        "decider": DEADLINE,
+        "deadline": deadline,
+        "action": action,
+    }
+    if pending.kind == INPUT or run.status == Status.WAITING_FOR_INPUT:
+        call = pending.call
+        return EventSpec(
+            EventKind.INPUT,
+            {
+                "call_id": call.id if call else "",
+                "name": call.name if call else "",
+                "values": None,
+                "expired": True,
+                **common,
+            },
+        )
+    return EventSpec(
+        EventKind.APPROVAL,
+        {
+            "approved": False,
+            "calls": [{"id": c.id, "name": c.name} for c in pending.calls],
+            **common,
+        },
+    )
+
+
+@state_write
+def run_expire_waiting(*, run_id: int, segment: str) -> Expired | None:
+    """Settle a run whose approval deadline passed, in one transaction under its row lock.
+
+    Guard: ``waiting_for_approval`` or ``waiting_for_input`` and ``approval_deadline <
+    Now()`` — read with ``SELECT … FOR UPDATE SKIP LOCKED`` (a person deciding holds the row:
+    skip it, their decision or the next pass settles it; on SQLite the IMMEDIATE transaction
+    serialises instead) and re-checked in the ``UPDATE``. Then, by the action fixed at
+    suspension:
+
+    * ``deny`` — the pending turn is denied on behalf of the deadline (``ApprovalDecision
+      (approved=False, by="deadline")`` in the loop state, its digest spent): ``queued`` for a
+      worker, which tells the model the request expired and continues. An input request is
+      answered the same way: nothing of the turn runs. A run whose configuration was
+      deactivated meanwhile is failed instead (nobody should continue it).
+    * ``fail`` — ``failed`` / ``approval_expired``, ``finished_at`` set, claim and turn cleared.
+
+    Either way one ``approval`` (or ``input``) event with ``by: "deadline"`` is written in the
+    same transaction, chained from the run's ledger head. ``None``: not overdue now (decided,
+    cancelled, locked by a decider) — nothing written. The caller sends the wake-up.
+    """
+    with transaction.atomic():
+        run = (
+            AgentRun.objects.select_for_update(skip_locked=True)
+            .filter(_overdue() & Q(pk=run_id))
+            .first()
+        )
+        if run is None:
+            return None
+        pending = read_pending_turn(run)
+        digest = stored_digest(run.pending_turn) or ""
+        action = run.approval_timeout_action
+        if action != ApprovalTimeoutAction.DENY or not _active(run):
+            action = ApprovalTimeoutAction.FAIL  # unknown or blank: the safe ending
+        event = _event(run, pending, action, digest)
+        decision = ApprovalDecision(approved=False, turn_digest=digest, by=DEADLINE)
+        values: dict[str, Any] = {
+            "loop_state": with_decision(
+                run.loop_state,
+                decision=decision if action == ApprovalTimeoutAction.DENY else None,
+                turn_digest=digest,
+            ),
+            "pending_turn": None,
+            "claimed_by": "",
+            "lease_expires": None,
+        }
+        if action == ApprovalTimeoutAction.DENY:
+            values["status"] = Status.QUEUED
+        else:
+            values.update(
+                status=Status.FAILED,
+                termination_reason=TerminationReason.APPROVAL_EXPIRED,
+                error={
+                    "type": "ApprovalExpired",
+                    "message": f"nobody decided before the approval deadline ({run.status})",
+                },
+                pending_effect="",
+                pending_call=None,
+                finished_at=DbValue.NOW,
+            )
+        if not guarded_write(
+            run.pk,
+            _overdue() & Q(status=run.status),
+            values,
+            [event],
+            epoch=run.lease_epoch,
+            segment=segment,
+            savepoint=False,
+            locked=run,
+        ):  # pragma: no cover - impossible under the row lock
+            return None
+    return Expired(
+        run_id=run.pk,
+        run_uuid=run.uuid,
+        waited=run.status,
+        action=str(action),
+        deadline=run.approval_deadline,
+        event=event,
+    )
+
+
+def _active(run: AgentRun) -> bool:
+    return AgentConfiguration.objects.filter(pk=run.configuration_id, is_active=True).exists()
