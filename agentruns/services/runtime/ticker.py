@@ -28,6 +28,27 @@ from agentruns.leases import Lease
 logger = logging.getLogger(__name__)
 
 
+# Renewals made in this process not yet written to /metrics' counter (``take_renewals``).
+_tally_lock = threading.Lock()
+_renewals_untold = 0
+
+
+def take_renewals() -> int:
+    """The renewals made since the last call, and reset the tally (``metrics.record_segment_end``
+    writes them once per segment: no statement per heartbeat)."""
+    global _renewals_untold
+    with _tally_lock:
+        taken, _renewals_untold = _renewals_untold, 0
+    return taken
+
+
+def give_back_renewals(n: int) -> None:
+    """Put back renewals whose write failed, for the next segment's write."""
+    global _renewals_untold
+    with _tally_lock:
+        _renewals_untold += n
+
+
 class LeaseTicker:
     """Context manager: renew ``lease`` every ``LEASE_SECONDS / 3`` until the block ends."""
 
@@ -64,6 +85,7 @@ class LeaseTicker:
             self.lost = True
             return False
         self.renewals += 1
+        give_back_renewals(1)
         return True
 
 
@@ -135,8 +157,11 @@ _scheduler = _Scheduler()
 
 def _reset_after_fork() -> None:
     # A forked child inherits the registrations and possibly a held lock, but not the thread.
-    global _scheduler
+    global _scheduler, _renewals_untold, _tally_lock
     _scheduler = _Scheduler()
+    # The parent's untold renewals are the parent's to write (and its lock may be held).
+    _tally_lock = threading.Lock()
+    _renewals_untold = 0
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
