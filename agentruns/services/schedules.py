@@ -27,6 +27,8 @@ class ScheduleState:
     minutes: int
     created: bool
     removed: bool = False
+    # Why a removed schedule was removed (the switch that is off).
+    reason: str = ""
 
 
 def schedules_setup() -> list[ScheduleState]:
@@ -47,13 +49,19 @@ def schedules_setup() -> list[ScheduleState]:
     else:
         removed, _ = Schedule.objects.filter(name=RETENTION_SCHEDULE).delete()
         if removed:
-            states.append(ScheduleState(RETENTION_SCHEDULE, RETENTION_TASK, 0, False, True))
+            states.append(
+                ScheduleState(
+                    RETENTION_SCHEDULE, RETENTION_TASK, 0, False, True, "retention is off"
+                )
+            )
     if int(conf.get("NOTIFY_INTERVAL")) > 0:
         states.append(_ensure(NOTIFY_SCHEDULE, NOTIFY_TASK, 1))
     else:
         removed, _ = Schedule.objects.filter(name=NOTIFY_SCHEDULE).delete()
         if removed:
-            states.append(ScheduleState(NOTIFY_SCHEDULE, NOTIFY_TASK, 0, False, True))
+            states.append(
+                ScheduleState(NOTIFY_SCHEDULE, NOTIFY_TASK, 0, False, True, "notifications are off")
+            )
     return states
 
 
