@@ -397,3 +397,47 @@ def test_metrics_show_notifications_by_channel():
     assert 'leasehold_notification_failures_total{channel="webhook"} 2.0' in text
     assert 'leasehold_notification_failures_total{channel="email"} 0.0' in text
     assert 'leasehold_notifications_sent_total{channel="email"} 5.0' in text
+
+
+# --- Cost ----------------------------------------------------------------------------------------
+
+
+def test_a_pass_costs_queries_per_recipient_not_per_waiting_run():
+    from django.test.utils import CaptureQueriesContext
+
+    for n in range(3):
+        UserFactory(username=f"p{n}", permissions=[DECIDE])
+
+    def queries_of_a_pass() -> int:
+        with CaptureQueriesContext(connection) as queries:
+            notify()
+        return len(queries)
+
+    assert queries_of_a_pass() == 1  # nothing waits: one SELECT
+    AgentRunFactory(waiting=True)
+    notify()  # creates each recipient's row
+    interval_passes()
+    AgentRunFactory.create_batch(2, waiting=True)
+    with_news_few = queries_of_a_pass()
+    idle_few = queries_of_a_pass()  # everything told: nobody is claimed
+    interval_passes()
+    AgentRunFactory.create_batch(40, waiting=True)
+    with_news_many = queries_of_a_pass()
+    idle_many = queries_of_a_pass()
+    print(
+        f"queries per pass, 3 recipients: {with_news_few} / {with_news_many} with news "
+        f"(3 / 43 runs waiting), {idle_few} / {idle_many} idle"
+    )
+    assert with_news_many == with_news_few
+    assert idle_many == idle_few < with_news_few
+
+
+def test_the_admin_shows_the_state_read_only():
+    root = UserFactory(username="root", is_superuser=True)
+    AgentRunFactory(waiting=True)
+    notify()
+    client = Client()
+    client.force_login(root)
+    listing = client.get("/admin/agentruns/notificationstate/")
+    assert listing.status_code == 200 and "root" in listing.content.decode()
+    assert client.get("/admin/agentruns/notificationstate/add/").status_code == 403
