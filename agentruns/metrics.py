@@ -43,6 +43,7 @@ from agentruns import conf
 from agentruns.models import AgentRun, Counter, Status
 
 if TYPE_CHECKING:
+    from agentruns.leases import Lease
     from agentruns.services.reaper import ReaperReport
 
 logger = logging.getLogger(__name__)
@@ -122,13 +123,13 @@ def record_reaper_pass(report: ReaperReport) -> None:
         logger.exception("could not count a reaper pass for /metrics")
 
 
-def record_segment_end(*, lease_lost: bool) -> None:
-    """Write the heartbeat renewals this process tallied since the last write, and a lost lease,
-    in one statement (none when there is nothing to count). Called once when a segment ends;
-    never raises: a failed write is logged and the renewals are kept for the next segment's."""
+def record_segment_end(*, lease: Lease | None, lease_lost: bool) -> None:
+    """Write the heartbeat renewals of ``lease`` tallied in this process, and a lost lease, in one
+    statement (none when there is nothing to count). Called once when a segment ends; never
+    raises: a failed write is logged and the renewals are kept for the next segment's."""
     from agentruns.services.runtime import ticker
 
-    renewals = ticker.take_renewals()
+    renewals = ticker.take_renewals(lease)
     increments: list[tuple[str, Mapping[str, str], int]] = []
     if renewals:
         increments.append((LEASE_RENEWALS, {}, renewals))

@@ -125,7 +125,7 @@ class RunSegment(ProviderStep):
                 stop = Stop.of(Outcome.FAILED, error=exc.code)
             except Exception as exc:
                 stop = settle_internal_error(self.lease, self.state, exc)
-        metrics.record_segment_end(lease_lost=stop.outcome == Outcome.LEASE_LOST)
+        metrics.record_segment_end(lease=self.lease, lease_lost=stop.outcome == Outcome.LEASE_LOST)
         return SegmentResult(stop.outcome, self._reload() if reload_run else self.run, stop.detail)
 
     def _reload(self) -> AgentRun:
