@@ -32,6 +32,7 @@ from agentruns.authority import (
 )
 from agentruns.models import AgentRun, Status
 from agentruns.turns import APPROVAL, INPUT, RECONCILIATION, PendingTurn, read_pending_turn
+from agentruns.turns.checks import LEFT_TO_PERSON
 
 # Bounds on what one message lists and on each piece of chosen text in it.
 ITEMS_LISTED = 50
@@ -96,7 +97,9 @@ def slack_escaped(text: str) -> str:
 
 def waiting_items() -> list[Item]:
     """Every run waiting for a person, oldest wait first (one query, the configuration and its
-    approver group joined)."""
+    approver group joined). A write in doubt whose tool's automatic check is still scheduled,
+    running or retrying waits for the check, not yet for a person: it is left out until the
+    check leaves it to a person."""
     runs = (
         AgentRun.objects.filter(status__in=WAITING_FOR_A_PERSON)
         .select_related("configuration__approver_group")
@@ -105,6 +108,8 @@ def waiting_items() -> list[Item]:
     items = []
     for run in runs:
         pending = read_pending_turn(run)
+        if pending.check is not None and pending.check.state != LEFT_TO_PERSON:
+            continue  # the tool's own check is still asking whether it landed: nobody to tell yet
         key = f"{run.pk}:{run.status}:{pending.turn_digest}"
         items.append(Item(key=key, run=run, pending=pending, since=run.updated_at))
     return items

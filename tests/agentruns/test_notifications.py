@@ -201,6 +201,24 @@ def test_at_most_one_digest_per_interval_and_only_what_was_not_told():
     assert not any(key.startswith(f"{first.pk}:waiting_for_approval:") for key in remembered)
 
 
+def test_a_write_in_doubt_is_announced_once_its_check_leaves_it_to_a_person():
+    from dataclasses import replace
+
+    from agentruns.turns.checks import CheckStatus
+
+    alice = UserFactory(username="alice", permissions=[DECIDE])
+    checking = replace(IN_DOUBT_TURN, check=CheckStatus.scheduled(3))
+    run = AgentRunFactory(in_doubt=True, pending_turn=checking.to_json())
+
+    assert notify().waiting == 0 and not mail.outbox  # the tool is still asking
+
+    gave_up = replace(checking, check=replace(checking.check, state="left_to_person"))
+    AgentRun.objects.filter(pk=run.pk).update(pending_turn=gave_up.to_json())
+    notify()
+    (message,) = told(alice.email)
+    assert "reconciliation: did create_note land?" in message.body
+
+
 def test_the_interval_switch_and_the_email_switch():
     UserFactory(username="alice", permissions=[DECIDE])
     AgentRunFactory(waiting=True)
