@@ -25,6 +25,7 @@ from agentruns.models import (
     AgentRunEvent,
     McpServer,
     McpTransport,
+    NotificationState,
 )
 from agentruns.services.mcp_sync import mcp_server_sync
 from agentruns.tools.mcp import read_only_by_operator
@@ -328,3 +329,23 @@ class McpServerAdmin(admin.ModelAdmin):
                 f"{result.server_name}: {detail}" + (f" ({skipped})" if skipped else ""),
                 messages.WARNING if skipped else messages.SUCCESS,
             )
+
+
+@admin.register(NotificationState)
+class NotificationStateAdmin(admin.ModelAdmin):
+    """Read-only: when each person (email) or configuration (webhook) was last sent a digest.
+    Written only by ``agentruns.services.notifications``; deleting a row makes its recipient's
+    next digest list every wait again."""
+
+    list_display = ["channel", "user", "configuration", "last_sent_at"]
+    list_filter = ["channel"]
+    list_select_related = ["user", "configuration"]
+    readonly_fields = ["channel", "user", "configuration", "last_sent_at", "claim", "told"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(
+        self, request: HttpRequest, obj: NotificationState | None = None
+    ) -> bool:
+        return False

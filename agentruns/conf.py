@@ -53,6 +53,18 @@ DEFAULTS: dict[str, Any] = {
     "RETENTION_DAYS": 0,
     # A bearer token that may read /metrics (a scraper); empty: only staff sessions may.
     "METRICS_TOKEN": "",
+    # Notifications (README "Notifications"): the shortest time between two digests to one
+    # person (or to one configuration's webhook), in seconds. 0 switches notifications off
+    # (setup_schedules then removes their schedule).
+    "NOTIFY_INTERVAL": 300,
+    # Whether the people who may decide a waiting run get an email digest (the webhook of a
+    # configuration is switched by its own notify_webhook_url).
+    "NOTIFY_EMAIL": True,
+    # How long a notification webhook may take to answer.
+    "NOTIFY_WEBHOOK_TIMEOUT_SECONDS": 5,
+    # The site's base URL for absolute links in notifications (e.g. https://leasehold.example);
+    # empty: the links are paths only.
+    "SITE_URL": "",
 }
 
 

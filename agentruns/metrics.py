@@ -9,7 +9,12 @@ of the events:
 * ``leasehold_runs_in_doubt``: runs waiting for reconciliation (a write that may have landed);
 * ``leasehold_stale_runs``: running runs whose lease expired (the reaper has not settled them);
 * ``leasehold_reaper_verdicts_total{rule,verdict}`` and ``leasehold_reaper_passes_total``:
-  counted by every reaper pass that changed something (``record_reaper_pass``).
+  counted by every reaper pass that changed something (``record_reaper_pass``);
+* ``leasehold_lease_renewals_total`` and ``leasehold_leases_lost_total``: the heartbeat's
+  renewals, tallied in the process and written once when a segment ends (``record_segment_end``),
+  and the segments that ended because their lease was lost;
+* ``leasehold_notifications_sent_total{channel}`` and
+  ``leasehold_notification_failures_total{channel}``: counted once per notification pass.
 
 Readable by a staff session, or by a scraper with ``Authorization: Bearer <METRICS_TOKEN>``
 (``AGENTRUNS_METRICS_TOKEN``; empty = no token accepted). Anything else: 401 without
@@ -38,6 +43,7 @@ from agentruns import conf
 from agentruns.models import AgentRun, Counter, Status
 
 if TYPE_CHECKING:
+    from agentruns.leases import Lease
     from agentruns.services.reaper import ReaperReport
 
 logger = logging.getLogger(__name__)
@@ -49,6 +55,20 @@ WAITING_KINDS = {
 }
 REAPER_VERDICTS = "reaper_verdicts"
 REAPER_PASSES = "reaper_passes"
+LEASE_RENEWALS = "lease_renewals"
+LEASES_LOST = "leases_lost"
+NOTIFICATIONS_SENT = "notifications_sent"
+NOTIFICATION_FAILURES = "notification_failures"
+# Counters without labels, shown as ``leasehold_<name>_total``.
+_PLAIN_COUNTERS = {
+    LEASE_RENEWALS: "Lease renewals by the heartbeat while a provider or tool call ran.",
+    LEASES_LOST: "Segments that stopped because their lease was lost.",
+}
+# Counters by channel, shown as ``leasehold_<name>_total{channel}``.
+_CHANNEL_COUNTERS = {
+    NOTIFICATIONS_SENT: "Notification digests sent, per channel (email, webhook).",
+    NOTIFICATION_FAILURES: "Notification digests that could not be sent, per channel.",
+}
 
 
 def _labels(labels: Mapping[str, str]) -> str:
@@ -101,6 +121,27 @@ def record_reaper_pass(report: ReaperReport) -> None:
         counters_add(increments)
     except Exception:  # the pass itself is done; only the count is lost
         logger.exception("could not count a reaper pass for /metrics")
+
+
+def record_segment_end(*, lease: Lease | None, lease_lost: bool) -> None:
+    """Write the heartbeat renewals of ``lease`` tallied in this process, and a lost lease, in one
+    statement (none when there is nothing to count). Called once when a segment ends; never
+    raises: a failed write is logged and the renewals are kept for the next segment's."""
+    from agentruns.services.runtime import ticker
+
+    renewals = ticker.take_renewals(lease)
+    increments: list[tuple[str, Mapping[str, str], int]] = []
+    if renewals:
+        increments.append((LEASE_RENEWALS, {}, renewals))
+    if lease_lost:
+        increments.append((LEASES_LOST, {}, 1))
+    if not increments:
+        return
+    try:
+        counters_add(increments)
+    except Exception:  # the segment is over either way; only the count waits
+        ticker.give_back_renewals(renewals)
+        logger.exception("could not count lease renewals for /metrics")
 
 
 def _database_now() -> datetime:
@@ -169,6 +210,20 @@ class LeaseholdCollector(Collector):
         yield CounterMetricFamily(
             "leasehold_reaper_passes", "Reaper passes that were not dry runs.", value=passes
         )
+
+        values: dict[str, dict[str, int]] = {}
+        for counter in Counter.objects.filter(name__in=[*_PLAIN_COUNTERS, *_CHANNEL_COUNTERS]):
+            channel = _parse_labels(counter.labels).get("channel", "")
+            values.setdefault(counter.name, {})[channel] = counter.value
+        for name, help_text in _PLAIN_COUNTERS.items():
+            yield CounterMetricFamily(
+                f"leasehold_{name}", help_text, value=sum(values.get(name, {}).values())
+            )
+        for name, help_text in _CHANNEL_COUNTERS.items():
+            family = CounterMetricFamily(f"leasehold_{name}", help_text, labels=["channel"])
+            for channel in ("email", "webhook"):
+                family.add_metric([channel], values.get(name, {}).get(channel, 0))
+            yield family
 
 
 def _allowed(request: HttpRequest) -> int | None:

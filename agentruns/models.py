@@ -171,6 +171,15 @@ class AgentConfiguration(models.Model):
     script = models.JSONField(
         default=list, blank=True, help_text="Turns for the scripted provider."
     )
+    notify_webhook_url = models.URLField(
+        max_length=2048,
+        blank=True,
+        help_text=(
+            "Optional: when a run of this configuration waits for a person, POST a "
+            'Slack-compatible {"text": …} here (at most once per AGENTRUNS NOTIFY_INTERVAL). '
+            "Its host must be in AGENTRUNS['WEBHOOK_ALLOWLIST']."
+        ),
+    )
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -191,6 +200,14 @@ class AgentConfiguration(models.Model):
             errors["approval_timeout"] = "A deadline must be a positive duration (or empty: none)."
         if self.on_approval_timeout not in ApprovalTimeoutAction.values:
             errors["on_approval_timeout"] = "Choose deny or fail."
+        if self.notify_webhook_url:
+            from agentruns import conf
+            from agentruns.outbound import WebhookRefused, webhook_target
+
+            try:
+                webhook_target(self.notify_webhook_url, list(conf.get("WEBHOOK_ALLOWLIST")))
+            except WebhookRefused as refused:
+                errors["notify_webhook_url"] = str(refused)
         if errors:
             raise ValidationError(errors)
 
@@ -483,3 +500,50 @@ class Counter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}{{{self.labels}}} {self.value}"
+
+
+class NotificationChannel(models.TextChoices):
+    EMAIL = "email", "email"
+    WEBHOOK = "webhook", "webhook"
+
+
+class NotificationState(models.Model):
+    """Who was told what (``agentruns.services.notifications``): one row per person (email) or
+    per configuration (its webhook).
+
+    ``last_sent_at`` (database clock) is claimed by one guarded ``UPDATE`` before a digest is
+    sent, so at most one digest per ``NOTIFY_INTERVAL`` leaves for a recipient whatever the
+    number of concurrent passes; ``told`` holds the keys (run id, status, turn digest) of the
+    waits already announced that were still waiting at the last digest.
+    """
+
+    channel = models.CharField(max_length=16, choices=NotificationChannel.choices)
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+    )
+    configuration = models.OneToOneField(
+        AgentConfiguration, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    last_sent_at = models.DateTimeField(null=True, blank=True)
+    # The token of the last claim: only that claim's pass records what it told.
+    claim = models.CharField(max_length=32, blank=True)
+    told = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    models.Q(channel="email", user__isnull=False, configuration__isnull=True)
+                    | models.Q(channel="webhook", user__isnull=True, configuration__isnull=False)
+                ),
+                name="notificationstate_one_recipient",
+            )
+        ]
+
+    def __str__(self) -> str:
+        who = f"user {self.user_id}" if self.user_id else f"configuration {self.configuration_id}"
+        return f"{self.channel} to {who}"

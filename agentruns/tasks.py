@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentruns import conf
-from agentruns.services import checks, reaper, retention, runs
+from agentruns.services import checks, notifications, reaper, retention, runs
 
 
 def process_run(run_uuid: str) -> str:
@@ -29,3 +29,9 @@ def reap_stale_runs() -> str:
 def check_in_doubt(run_uuid: str, attempt: int = 1) -> str:
     """A tool's automatic check of a run's in-doubt write; a no-op when nothing is due."""
     return checks.run_check_in_doubt(run_uuid=run_uuid, attempt=int(attempt))
+
+
+def notify_waiting() -> str:
+    """The scheduled notification pass (``setup_schedules`` with ``NOTIFY_INTERVAL`` above 0);
+    returns its summary line. Duplicates are harmless: each recipient's digest is claimed."""
+    return notifications.notifications_send().summary()

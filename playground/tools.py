@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from agentruns import conf
 from agentruns.models import Effect
+from agentruns.outbound import WebhookRefused, connection_for, webhook_target
 from agentruns.tools import CheckAnswer, CheckContext, OutcomeUnknown, Tool, ToolContext, tool
 from agentruns.turns import Change, Preview
 from playground.models import Note
@@ -25,7 +26,6 @@ from playground.models import Note
 LIST_LIMIT = 100
 WEBHOOK_BODY_CHARS = 2000
 WAIT_MAX_SECONDS = 3600
-DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class NoteNotFound(LookupError):
@@ -34,10 +34,6 @@ class NoteNotFound(LookupError):
 
 class DuplicateCall(ValueError):
     """A note with this call's idempotency key exists already: the call ran before."""
-
-
-class WebhookRefused(PermissionError):
-    """The webhook URL is not allowed; nothing was sent."""
 
 
 def _note_as_dict(note: Note) -> dict[str, Any]:
@@ -218,55 +214,8 @@ def create_note(context: ToolContext, arguments: dict[str, Any]) -> dict[str, An
     return _note_as_dict(note)
 
 
-def _allowlist_key(host: str, port: int | None) -> str:
-    shown = f"[{host}]" if ":" in host else host
-    return shown if port is None else f"{shown}:{port}"
-
-
-def webhook_target(url: str, allowlist: list[str]) -> str:
-    """The ``host`` or ``host:port`` that ``url`` would reach, if ``allowlist`` allows it.
-
-    Raises ``WebhookRefused`` otherwise: a scheme other than http/https, userinfo
-    (``user@host``), no host, a bad port, whitespace/control characters or backslashes, or a
-    host not allowed. An entry ``host`` allows that host on the scheme's default port only; an
-    entry ``host:port`` allows exactly that port (IPv6 as ``[::1]:8080``). Case-insensitive.
-    """
-    if not isinstance(url, str) or any(c.isspace() or ord(c) < 32 or c == "\\" for c in url):
-        raise WebhookRefused("the URL contains whitespace, control characters or backslashes")
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in DEFAULT_PORTS:
-        raise WebhookRefused(f"only http and https URLs are allowed, not {scheme or 'none'!r}")
-    if "@" in parts.netloc or parts.username is not None or parts.password is not None:
-        raise WebhookRefused("URLs with user information (user@host) are not allowed")
-    host = (parts.hostname or "").lower()
-    if not host:
-        raise WebhookRefused("the URL has no host")
-    try:
-        port = parts.port
-    except ValueError:
-        raise WebhookRefused("the URL has an invalid port") from None
-    allowed = {entry.strip().lower() for entry in allowlist if entry.strip()}
-    explicit = _allowlist_key(host, port if port is not None else DEFAULT_PORTS[scheme])
-    bare = _allowlist_key(host, None)
-    if explicit in allowed:
-        return explicit
-    if bare in allowed and port in (None, DEFAULT_PORTS[scheme]):
-        return bare
-    raise WebhookRefused(f"host {explicit!r} is not in AGENTRUNS['WEBHOOK_ALLOWLIST']; not sent")
-
-
 def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
-    parts = urlsplit(url)
-    connection_class = (
-        http.client.HTTPSConnection
-        if parts.scheme.lower() == "https"
-        else http.client.HTTPConnection
-    )
-    # No proxies, no redirects: the allowlist names where the bytes go.
-    connection = connection_class(parts.hostname or "", parts.port, timeout=timeout)
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return connection, path
+    return connection_for(url, timeout)
 
 
 def check_call_webhook(context: CheckContext, arguments: dict[str, Any]) -> CheckAnswer:

@@ -16,6 +16,8 @@ REAPER_SCHEDULE = "agentruns: reap stale runs"
 REAPER_TASK = "agentruns.tasks.reap_stale_runs"
 RETENTION_SCHEDULE = "agentruns: purge old runs"
 RETENTION_TASK = "agentruns.tasks.purge_old_runs"
+NOTIFY_SCHEDULE = "agentruns: notify waiting runs"
+NOTIFY_TASK = "agentruns.tasks.notify_waiting"
 
 
 @dataclass(frozen=True)
@@ -25,11 +27,14 @@ class ScheduleState:
     minutes: int
     created: bool
     removed: bool = False
+    # Why a removed schedule was removed (the switch that is off).
+    reason: str = ""
 
 
 def schedules_setup() -> list[ScheduleState]:
-    """Create or update the reaper's ``Schedule`` (every ``REAPER_INTERVAL_MINUTES``), and the
-    daily retention purge when ``RETENTION_DAYS`` is above 0 (removed when it is 0).
+    """Create or update the reaper's ``Schedule`` (every ``REAPER_INTERVAL_MINUTES``), the
+    daily retention purge when ``RETENTION_DAYS`` is above 0 (removed when it is 0), and the
+    notification pass every minute when ``NOTIFY_INTERVAL`` is above 0 (removed when it is 0).
 
     ``update_or_create`` on the name: running it again changes nothing but the interval and
     function, and never resets a pending ``next_run``.
@@ -44,7 +49,19 @@ def schedules_setup() -> list[ScheduleState]:
     else:
         removed, _ = Schedule.objects.filter(name=RETENTION_SCHEDULE).delete()
         if removed:
-            states.append(ScheduleState(RETENTION_SCHEDULE, RETENTION_TASK, 0, False, True))
+            states.append(
+                ScheduleState(
+                    RETENTION_SCHEDULE, RETENTION_TASK, 0, False, True, "retention is off"
+                )
+            )
+    if int(conf.get("NOTIFY_INTERVAL")) > 0:
+        states.append(_ensure(NOTIFY_SCHEDULE, NOTIFY_TASK, 1))
+    else:
+        removed, _ = Schedule.objects.filter(name=NOTIFY_SCHEDULE).delete()
+        if removed:
+            states.append(
+                ScheduleState(NOTIFY_SCHEDULE, NOTIFY_TASK, 0, False, True, "notifications are off")
+            )
     return states
 
 

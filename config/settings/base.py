@@ -135,6 +135,19 @@ LOGIN_URL = "admin:login"
 # integers, floats, booleans and comma-separated lists).
 AGENTRUNS = agentruns_conf.settings_from_env(os.environ)
 
+# --- Email (notification digests) ------------------------------------------------------------
+# The console backend by default: a digest is printed by the worker that sends it. For real mail
+# set EMAIL_BACKEND=django.core.mail.backends.smtp.EmailBackend and the EMAIL_* variables.
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("EMAIL_PORT", "25"))
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = int(os.environ.get("EMAIL_TIMEOUT", "10"))
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "leasehold@localhost")
+
 # --- django-q2 -------------------------------------------------------------------------------
 # The ORM broker is the default: a task row is written on the caller's own connection, so it
 # commits or rolls back with the state change. Q_BROKER=redis (with REDIS_URL) selects Redis,

@@ -16,7 +16,7 @@ from django.test import override_settings
 from django_q.models import Schedule
 
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
-from agentruns.services.schedules import REAPER_SCHEDULE, REAPER_TASK
+from agentruns.services.schedules import NOTIFY_SCHEDULE, REAPER_SCHEDULE, REAPER_TASK
 from tests.agentruns.factories import HOLDER, AgentRunFactory
 from tests.support.processes import ROOT, process_env
 
@@ -207,7 +207,8 @@ def test_setup_schedules_creates_the_reaper_schedule_once():
     first = run_command("setup_schedules")
     second = run_command("setup_schedules")
 
-    [schedule] = Schedule.objects.all()
+    # The reaper's, and the notification pass's (on by default; test_notifications.py).
+    [schedule] = Schedule.objects.exclude(name=NOTIFY_SCHEDULE)
     assert (schedule.name, schedule.func) == (REAPER_SCHEDULE, REAPER_TASK)
     assert schedule.schedule_type == Schedule.MINUTES
     assert schedule.minutes == settings.AGENTRUNS["REAPER_INTERVAL_MINUTES"]
@@ -218,12 +219,12 @@ def test_setup_schedules_creates_the_reaper_schedule_once():
 
 def test_setup_schedules_updates_the_interval_and_keeps_the_next_run():
     run_command("setup_schedules")
-    next_run = Schedule.objects.get().next_run
+    next_run = Schedule.objects.get(name=REAPER_SCHEDULE).next_run
 
     with override_settings(AGENTRUNS={**settings.AGENTRUNS, "REAPER_INTERVAL_MINUTES": 5}):
         run_command("setup_schedules")
 
-    schedule = Schedule.objects.get()
+    schedule = Schedule.objects.get(name=REAPER_SCHEDULE)
     assert schedule.minutes == 5
     assert schedule.next_run == next_run
 

@@ -1,4 +1,4 @@
-"""``manage.py setup_schedules``: create or update the reaper's django-q2 schedule."""
+"""``manage.py setup_schedules``: create or update Leasehold's django-q2 schedules."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from agentruns.services.schedules import schedules_setup
 
 class Command(BaseCommand):
     help = (
-        "Create or update Leasehold's django-q2 schedules: the reaper, and the retention purge "
-        "when AGENTRUNS_RETENTION_DAYS is above 0. Idempotent."
+        "Create or update Leasehold's django-q2 schedules: the reaper, the retention purge "
+        "when AGENTRUNS_RETENTION_DAYS is above 0, and the notification pass when "
+        "AGENTRUNS_NOTIFY_INTERVAL is above 0. Idempotent."
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
         for state in schedules_setup():
             if state.removed:
-                self.stdout.write(f"removed schedule {state.name!r}: retention is off")
+                self.stdout.write(f"removed schedule {state.name!r}: {state.reason}")
                 continue
             self.stdout.write(
                 f"{'created' if state.created else 'updated'} schedule {state.name!r}: "

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from agentruns import conf, transitions
+from agentruns import conf, metrics, transitions
 from agentruns.exceptions import StateWriteFailed
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import (
@@ -126,6 +126,7 @@ class RunSegment(ProviderStep):
                 stop = Stop.of(Outcome.FAILED, error=exc.code)
             except Exception as exc:
                 stop = settle_internal_error(self.lease, self.state, exc)
+        metrics.record_segment_end(lease=self.lease, lease_lost=stop.outcome == Outcome.LEASE_LOST)
         return SegmentResult(stop.outcome, self._reload() if reload_run else self.run, stop.detail)
 
     def _reload(self) -> AgentRun:

@@ -28,6 +28,40 @@ from agentruns.leases import Lease
 logger = logging.getLogger(__name__)
 
 
+# Renewals made in this process not yet written to /metrics' counter, per lease (run id, epoch);
+# the key ``None`` holds renewals put back after a failed write, for whichever segment ends next.
+_tally_lock = threading.Lock()
+_renewals_untold: dict[tuple[int, int] | None, int] = {}
+
+
+def _key(lease: Lease) -> tuple[int, int]:
+    return (lease.run_id, lease.epoch)
+
+
+def count_renewal(lease: Lease) -> None:
+    with _tally_lock:
+        _renewals_untold[_key(lease)] = _renewals_untold.get(_key(lease), 0) + 1
+
+
+def take_renewals(lease: Lease | None = None) -> int:
+    """The renewals of ``lease`` not written yet, plus any put back after a failed write, and
+    forget them (``metrics.record_segment_end`` writes them once per segment: no statement per
+    heartbeat). ``lease=None``: only those put back."""
+    with _tally_lock:
+        taken = _renewals_untold.pop(None, 0)
+        if lease is not None:
+            taken += _renewals_untold.pop(_key(lease), 0)
+    return taken
+
+
+def give_back_renewals(n: int) -> None:
+    """Put back renewals whose write failed, for the next segment's write."""
+    if n <= 0:
+        return
+    with _tally_lock:
+        _renewals_untold[None] = _renewals_untold.get(None, 0) + n
+
+
 class LeaseTicker:
     """Context manager: renew ``lease`` every ``LEASE_SECONDS / 3`` until the block ends."""
 
@@ -64,6 +98,7 @@ class LeaseTicker:
             self.lost = True
             return False
         self.renewals += 1
+        count_renewal(self.lease)
         return True
 
 
@@ -135,8 +170,11 @@ _scheduler = _Scheduler()
 
 def _reset_after_fork() -> None:
     # A forked child inherits the registrations and possibly a held lock, but not the thread.
-    global _scheduler
+    global _scheduler, _renewals_untold, _tally_lock
     _scheduler = _Scheduler()
+    # The parent's untold renewals are the parent's to write (and its lock may be held).
+    _tally_lock = threading.Lock()
+    _renewals_untold = {}
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
