@@ -10,6 +10,7 @@ JavaScript runs and nothing is fetched. ``render`` is the one place the result i
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pygal
@@ -29,6 +30,11 @@ NAMED_COLOURS = {
     "requeued": "#1a5fb4",
     "dead_lettered": "#b3261e",
     "in_doubt": "#8a4b00",
+    "approval": "#1a5fb4",
+    "input": "#6a3d9a",
+    "reconciliation": "#8a4b00",
+    "median": "#1a5fb4",
+    "95th percentile": "#6a3d9a",
 }
 FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
 
@@ -72,6 +78,20 @@ def _strip(tree: Any) -> None:
                 parent.remove(child)
 
 
+def _whole_ticks(data: ChartData, *, stacked: bool) -> list[int] | None:
+    """Whole-number ticks for counts (no "0.4 runs"); ``None`` when a value is fractional."""
+    numbers = [v for s in data.series for v in s.values if v is not None]
+    if data.empty or any(v != int(v) for v in numbers):
+        return None
+    columns = zip(*(s.values for s in data.series), strict=True)
+    top = max(
+        (sum(v or 0 for v in column) if stacked else max(v or 0 for v in column))
+        for column in columns
+    )
+    step = max(1, math.ceil(top / 5))
+    return list(range(0, int(top) + step + 1, step))
+
+
 def render(data: ChartData, *, kind: str, label: str) -> SafeString:
     """The SVG of ``data`` as a bar, stacked-bar or line chart, sized by its container.
 
@@ -79,6 +99,7 @@ def render(data: ChartData, *, kind: str, label: str) -> SafeString:
     themselves are given as a table next to it by the page."""
     names = [s.name for s in data.series]
     chart = KINDS[kind](
+        y_labels=_whole_ticks(data, stacked=kind == "stacked"),
         js=[],
         disable_xml_declaration=True,
         style=_style(names),
@@ -87,9 +108,10 @@ def render(data: ChartData, *, kind: str, label: str) -> SafeString:
         show_legend=bool(names),
         legend_at_bottom=True,
         legend_at_bottom_columns=min(len(names), 4) or 1,
-        x_label_rotation=0 if len(data.x_labels) <= 14 else 45,
+        x_label_rotation=0 if len(data.x_labels) <= 7 else 40,
         show_minor_x_labels=len(data.x_labels) <= 14,
         x_labels_major_every=3 if len(data.x_labels) > 14 else None,
+        truncate_label=-1,
         y_title=data.unit,
         print_zeroes=False,
         include_x_axis=True,

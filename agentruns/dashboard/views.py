@@ -28,5 +28,6 @@ def dashboard(request: HttpRequest, *, admin_site: AdminSite) -> HttpResponse:
             "title": "Operations dashboard",
             "opts": AgentRun._meta,
             "charts": draw_all(),
+            "is_nav_sidebar_enabled": False,  # the charts take the width
         },
     )

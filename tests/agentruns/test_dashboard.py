@@ -19,6 +19,7 @@ from agentruns.dashboard import charts, series, svg
 from agentruns.dashboard.series import ChartData, Series, Window, percentile
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
 from agentruns.services import reaper, runs
+from tests.agentruns.dashboard_support import event, finished, history
 from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory, UserFactory
 from tests.approvals.conftest import start_waiting_run
 
@@ -34,22 +35,6 @@ def login(**kwargs) -> Client:
     client = Client()
     client.force_login(UserFactory(**kwargs))
     return client
-
-
-def at(event: AgentRunEvent, when: datetime) -> None:
-    AgentRunEvent.objects.filter(pk=event.pk).update(created_at=when)
-
-
-def event(run: AgentRun, sequence: int, kind: str, when: datetime, **payload) -> AgentRunEvent:
-    made = AgentRunEvent.objects.create(run=run, sequence=sequence, kind=kind, payload=payload)
-    at(made, when)
-    return made
-
-
-def finished(status: str, when: datetime, **kwargs) -> AgentRun:
-    run = AgentRunFactory(status=status, **kwargs)
-    AgentRun.objects.filter(pk=run.pk).update(finished_at=when)
-    return run
 
 
 def values(data: ChartData, name: str) -> list:
@@ -257,27 +242,6 @@ def test_waiting_now_by_age_per_kind():
 
 
 # --- cost: a constant number of queries ---------------------------------------------------------
-
-
-def history(size: int) -> None:
-    """``size`` ended runs in the last day, each with an answer, an approval and a reaper event,
-    and as many waiting runs: every chart has rows to read."""
-    configuration = AgentConfigurationFactory()
-    now = timezone.now()
-    made = AgentRun.objects.bulk_create(
-        AgentRun(
-            configuration=configuration,
-            prompt="p",
-            status=(Status.COMPLETED, Status.FAILED, Status.WAITING_FOR_APPROVAL)[n % 3],
-            finished_at=now - timedelta(minutes=n % 1400),
-        )
-        for n in range(size)
-    )
-    AgentRunEvent.objects.bulk_create(
-        AgentRunEvent(run=run, sequence=seq, kind=kind, payload={"verdict": "requeued"})
-        for run in made
-        for seq, kind in enumerate((EventKind.LLM, EventKind.APPROVAL, EventKind.REAPER))
-    )
 
 
 def test_a_constant_number_of_queries_whatever_the_history():
