@@ -144,9 +144,11 @@ def approval_waits(window: Window) -> list[tuple[datetime, float]]:
     before the ``approval`` event (the model's answer proposing the calls, or the verification
     that sent the turn back) to the ``approval`` event, approved or denied. Read through the
     partial index on ``approval`` events and the ``(run, sequence)`` unique index."""
-    previous = AgentRunEvent.objects.filter(
-        run_id=OuterRef("run_id"), sequence=OuterRef("sequence") - 1
-    ).values("created_at")[:1]
+    previous = (
+        AgentRunEvent.objects.filter(run_id=OuterRef("run_id"), sequence=OuterRef("sequence") - 1)
+        .order_by()  # not the model's ordering: it would join the runs to sort one row
+        .values("created_at")[:1]
+    )
     rows = (
         AgentRunEvent.objects.filter(
             kind=EventKind.APPROVAL, created_at__gte=window.first_day_start()
