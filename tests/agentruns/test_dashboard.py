@@ -76,6 +76,7 @@ def test_staff_who_see_every_run_get_the_charts(kwargs):
     for chart in charts.CHARTS:
         assert f'id="chart-{chart.slug}"' in html and chart.title in html
     assert html.count('class="pygal-chart"') == len(charts.CHARTS)
+    assert html.count("Nothing to show yet.") == len(charts.CHARTS)  # no history at all
 
 
 def test_the_permission_is_checked_on_every_request():
