@@ -13,6 +13,7 @@ from django.db import models
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
 from django.utils.html import format_html, format_html_join
 
 from agentruns import selectors
@@ -142,6 +143,20 @@ class AgentRunAdmin(_VisibleOnly):
     ]
 
     actions = ["cancel_runs"]
+
+    def get_urls(self) -> list[URLPattern]:
+        """The operations dashboard (``agentruns.dashboard``) at ``dashboard/``, ahead of the
+        change view's catch-all; ``admin_view`` checks staff on every request, the view the
+        permission."""
+        from agentruns.dashboard.views import dashboard  # pygal loads with the page only
+
+        def view(request: HttpRequest) -> HttpResponse:
+            return dashboard(request, admin_site=self.admin_site)
+
+        return [
+            path("dashboard/", self.admin_site.admin_view(view), name="agentruns_dashboard"),
+            *super().get_urls(),
+        ]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[AgentRun]:
         return selectors.visible_runs(user=request.user, queryset=super().get_queryset(request))

@@ -327,6 +327,20 @@ class AgentRunEvent(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "sequence"], name="agentrunevent_run_sequence")
         ]
+        indexes = [
+            # The dashboard's windows (agentruns.dashboard.series): partial, so the many other
+            # events cost no index write.
+            models.Index(
+                fields=["created_at"],
+                condition=models.Q(kind="approval"),
+                name="agentrunevent_approval_at",
+            ),
+            models.Index(
+                fields=["created_at"],
+                condition=models.Q(kind="reaper"),
+                name="agentrunevent_reaper_at",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.run_id}#{self.sequence} {self.kind}"

@@ -46,10 +46,16 @@ def _visible(user: User | None, *, run: str = "") -> Q | None:
         return None
     if not user.is_authenticated:
         return Q(pk__in=[])
-    person = Decider(user)
-    if person.has_perm(DECIDE_PERMISSION) or person.has_perm(VIEW_ALL_PERMISSION):
+    if sees_every_run(user):
         return None
     return Q(**{f"{run}initiator_id": user.pk})
+
+
+def sees_every_run(user: User | None) -> bool:
+    """Whether ``user`` (a person) may see every run: ``agentruns.decide_agentrun`` or
+    ``agentruns.view_all_agentruns``. What counts across all runs (the dashboard) needs it."""
+    person = Decider(user)
+    return person.has_perm(DECIDE_PERMISSION) or person.has_perm(VIEW_ALL_PERMISSION)
 
 
 def visible_runs(
