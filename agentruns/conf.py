@@ -53,6 +53,11 @@ DEFAULTS: dict[str, Any] = {
     "RETENTION_DAYS": 0,
     # A bearer token that may read /metrics (a scraper); empty: only staff sessions may.
     "METRICS_TOKEN": "",
+    # The currency configurations' prices and budgets are in (a name shown beside every cost).
+    "COST_CURRENCY": "USD",
+    # Most each initiator's runs may spend per UTC day, all configurations together (a decimal,
+    # in COST_CURRENCY); empty: no per-user budget. Read by agentruns.budgets.
+    "USER_DAILY_BUDGET": "",
 }
 
 

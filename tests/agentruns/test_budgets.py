@@ -1,0 +1,283 @@
+"""Cost and daily budgets (docs/design.md §13): prices, the run's cost, the spend ledger, the
+check before each provider call and the ``budget_exhausted`` ending. Both databases."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, connection, transaction
+from django.test import override_settings
+
+from agentruns import budgets
+from agentruns.models import (
+    AgentConfiguration,
+    AgentRun,
+    AgentRunEvent,
+    EventKind,
+    SpendDay,
+    SpendScope,
+    Status,
+    TerminationReason,
+)
+from agentruns.services.runs import run_decide, run_start_sync
+from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
+from tests.agentruns.runtime_support import DECIDE
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# 1,000 prompt and 500 completion tokens per answer at 2.50 and 10.00 per million: 0.0075.
+USAGE = {"prompt_tokens": 1000, "completion_tokens": 500}
+CALL_COST = Decimal("0.007500")
+
+
+def priced(**fields) -> AgentConfiguration:
+    defaults = {
+        "price_per_million_prompt_tokens": Decimal("2.50"),
+        "price_per_million_completion_tokens": Decimal("10.00"),
+        "script": [
+            {"tool_calls": [{"name": "list_notes"}], "usage": USAGE},
+            {"tool_calls": [{"name": "list_notes"}], "usage": USAGE},
+            {"content": "done", "usage": USAGE},
+        ],
+    }
+    return AgentConfigurationFactory(**{**defaults, **fields})
+
+
+def llm_events(run: AgentRun) -> list[dict]:
+    return [
+        e.payload
+        for e in AgentRunEvent.objects.filter(run=run, kind=EventKind.LLM).order_by("sequence")
+    ]
+
+
+def spend(scope: str, key: int) -> SpendDay | None:
+    return SpendDay.objects.filter(scope=scope, key=key).first()
+
+
+# --- What a call costs ----------------------------------------------------------------------
+
+
+def test_call_cost_from_prices_and_usage():
+    config = AgentConfiguration(
+        price_per_million_prompt_tokens=Decimal("2.5"),
+        price_per_million_completion_tokens=Decimal("10"),
+    )
+    assert budgets.call_cost(config, USAGE) == budgets.Priced(CALL_COST, usage_known=True)
+    # One price unset counts as 0; neither set: not priced at all.
+    config.price_per_million_completion_tokens = None
+    assert budgets.call_cost(config, USAGE).cost == Decimal("0.0025")
+    assert budgets.call_cost(AgentConfiguration(), USAGE) is None
+
+
+def test_a_provider_without_usage_costs_zero_and_says_so():
+    config = AgentConfiguration(price_per_million_prompt_tokens=Decimal("3"))
+    assert budgets.call_cost(config, {}) == budgets.Priced(Decimal("0"), usage_known=False)
+
+
+def test_huge_token_counts_and_prices_are_capped_not_overflowed():
+    config = AgentConfiguration(
+        price_per_million_prompt_tokens=Decimal("999999.999999"),
+        price_per_million_completion_tokens=Decimal("999999.999999"),
+    )
+    huge = {"prompt_tokens": 2**31 - 1, "completion_tokens": 2**31 - 1}
+    assert budgets.call_cost(config, huge).cost == budgets.MAX_COST
+
+
+# --- The run's cost ---------------------------------------------------------------------------
+
+
+def test_a_priced_run_records_each_answers_cost_and_its_total():
+    user = UserFactory()
+    config = priced()
+    result = run_start_sync(configuration=config, prompt="go", initiator=user)
+    run = result.run
+    assert run.status == Status.COMPLETED
+    answers = llm_events(run)
+    assert [a["cost"] for a in answers] == [str(CALL_COST)] * 3
+    assert run.cost == CALL_COST * 3
+    assert run.prompt_tokens == 3000
+    for scope, key in ((SpendScope.CONFIGURATION, config.pk), (SpendScope.USER, user.pk)):
+        row = spend(scope, key)
+        assert row is not None and row.amount == CALL_COST * 3 and row.calls == 3
+        assert row.largest == CALL_COST
+
+
+def test_an_unpriced_run_costs_nothing_and_writes_no_ledger():
+    config = AgentConfigurationFactory(script=[{"content": "done", "usage": USAGE}])
+    run = run_start_sync(configuration=config, prompt="go").run
+    assert run.cost == 0
+    assert "cost" not in llm_events(run)[0]
+    assert not SpendDay.objects.exists()
+
+
+def test_unknown_usage_is_charged_zero_and_counted():
+    # The scripted provider estimates counts it is not given; "usage": null reports none.
+    config = priced(script=[{"content": "done", "usage": None}])
+    run = run_start_sync(configuration=config, prompt="go").run
+    (answer,) = llm_events(run)
+    assert answer["cost"] == "0.000000" and answer["usage_unknown"] is True
+    row = spend(SpendScope.CONFIGURATION, config.pk)
+    assert row.amount == 0 and row.unknown_usage_calls == 1
+
+
+def test_the_cost_is_kept_across_a_pause_for_approval(probes):
+    user = UserFactory(permissions=[DECIDE])
+    config = priced(
+        script=[
+            {"tool_calls": [{"name": "probe_write", "arguments": {"value": "t"}}], "usage": USAGE},
+            {"content": "done", "usage": USAGE},
+        ]
+    )
+    waiting = run_start_sync(configuration=config, prompt="go", initiator=user).run
+    assert waiting.status == Status.WAITING_FOR_APPROVAL
+    assert waiting.cost == CALL_COST
+    digest = waiting.pending_turn["turn_digest"]
+    decided = run_decide(
+        run_uuid=waiting.uuid, approved=True, turn_digest=digest, actor=user, mode="inline"
+    )
+    run = AgentRun.objects.get(pk=waiting.pk)
+    assert decided is not None and run.status == Status.COMPLETED
+    assert run.cost == CALL_COST * 2
+
+
+# --- Budgets ----------------------------------------------------------------------------------
+
+
+def test_a_configuration_over_its_budget_fails_before_calling_the_model():
+    config = priced(daily_budget=Decimal("0.01"))  # room for two answers (0.0075 each)
+    run = run_start_sync(configuration=config, prompt="go").run
+    assert run.status == Status.FAILED
+    assert run.termination_reason == TerminationReason.BUDGET_EXHAUSTED
+    # The first call was admitted at 0; the second (0.0075 < 0.01) with 0.0075 reserved; the
+    # third found 0.015 spent.
+    assert len(llm_events(run)) == 2
+    assert run.cost == CALL_COST * 2
+    event = AgentRunEvent.objects.get(run=run, kind=EventKind.BUDGET)
+    assert event.payload["budget"] == "configuration"
+    assert event.payload["spend"] == "0.015000" and event.payload["limit"] == "0.010000"
+    assert event.payload["currency"] == "USD"
+    assert run.error["type"] == "BudgetExhausted"
+    # The refusal made no call: the request event was never written for it.
+    kinds = list(
+        AgentRunEvent.objects.filter(run=run).order_by("sequence").values_list("kind", flat=True)
+    )
+    assert kinds[-1] == EventKind.BUDGET and kinds.count(EventKind.REQUEST) == 2
+    assert spend(SpendScope.CONFIGURATION, config.pk).amount == CALL_COST * 2
+
+
+@override_settings(AGENTRUNS={"USER_DAILY_BUDGET": "0.0075", "COST_CURRENCY": "EUR"})
+def test_the_user_budget_caps_an_initiator_across_configurations():
+    user, other = UserFactory(), UserFactory()
+    first = run_start_sync(
+        configuration=priced(script=[{"content": "a", "usage": USAGE}]), prompt="go", initiator=user
+    ).run
+    assert first.status == Status.COMPLETED
+    second = run_start_sync(configuration=priced(), prompt="go", initiator=user).run
+    assert second.termination_reason == TerminationReason.BUDGET_EXHAUSTED
+    assert llm_events(second) == []
+    payload = AgentRunEvent.objects.get(run=second, kind=EventKind.BUDGET).payload
+    assert payload["budget"] == "user" and payload["key"] == user.pk
+    assert payload["currency"] == "EUR"
+    # Another initiator, and a run without one, are not capped by this user's spend.
+    assert (
+        run_start_sync(
+            configuration=priced(script=[{"content": "a", "usage": USAGE}]),
+            prompt="go",
+            initiator=other,
+        ).run.status
+        == Status.COMPLETED
+    )
+    assert run_start_sync(configuration=priced(), prompt="go").run.status == Status.COMPLETED
+
+
+def test_a_zero_budget_admits_nothing():
+    config = priced(daily_budget=Decimal("0"))
+    run = run_start_sync(configuration=config, prompt="go").run
+    assert run.termination_reason == TerminationReason.BUDGET_EXHAUSTED
+    assert llm_events(run) == []
+
+
+def test_a_waiting_run_is_not_touched_until_it_continues(probes):
+    user = UserFactory(permissions=[DECIDE])
+    config = priced(
+        daily_budget=Decimal("1"),
+        script=[
+            {"tool_calls": [{"name": "probe_write", "arguments": {"value": "t"}}], "usage": USAGE},
+            {"content": "done", "usage": USAGE},
+        ],
+    )
+    waiting = run_start_sync(configuration=config, prompt="go", initiator=user).run
+    assert waiting.status == Status.WAITING_FOR_APPROVAL
+    # The budget is spent meanwhile (by other runs): the waiting run stays waiting.
+    SpendDay.objects.filter(scope=SpendScope.CONFIGURATION, key=config.pk).update(
+        amount=Decimal("5")
+    )
+    assert AgentRun.objects.get(pk=waiting.pk).status == Status.WAITING_FOR_APPROVAL
+    # Approved, it continues: the tool runs, and the next provider call is refused.
+    run_decide(
+        run_uuid=waiting.uuid,
+        approved=True,
+        turn_digest=waiting.pending_turn["turn_digest"],
+        actor=user,
+        mode="inline",
+    )
+    run = AgentRun.objects.get(pk=waiting.pk)
+    assert run.status == Status.FAILED
+    assert run.termination_reason == TerminationReason.BUDGET_EXHAUSTED
+    assert AgentRunEvent.objects.filter(run=run, kind=EventKind.TOOL).count() == 1
+    assert len(llm_events(run)) == 1
+
+
+def test_a_failed_call_gives_its_reservation_back():
+    config = priced(daily_budget=Decimal("1"), script=[{"content": "a", "usage": USAGE}])
+    run_start_sync(configuration=config, prompt="go")
+    row = spend(SpendScope.CONFIGURATION, config.pk)
+    assert row.largest == CALL_COST
+    failed = run_start_sync(
+        configuration=config, prompt="go", options={"script": [{"error": "fatal"}]}
+    ).run
+    assert failed.termination_reason == TerminationReason.PROVIDER_FAILED
+    # The first run's call is the only spend: the failed call's reservation was released.
+    row.refresh_from_db()
+    assert row.amount == CALL_COST and row.calls == 1
+
+
+def test_the_check_fails_closed_when_it_cannot_be_made():
+    config = priced(daily_budget=Decimal("1"))
+    table = SpendDay._meta.db_table
+    with connection.cursor() as cursor:  # the ledger is gone: the check cannot be made
+        cursor.execute(f"ALTER TABLE {table} RENAME TO {table}_away")
+    try:
+        result = run_start_sync(configuration=config, prompt="go")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {table}_away RENAME TO {table}")
+    assert result.outcome == "failed"
+    assert llm_events(AgentRun.objects.get(pk=result.run.pk)) == []
+    assert AgentRun.objects.get(pk=result.run.pk).status == Status.RUNNING  # the reaper's now
+
+
+@override_settings(AGENTRUNS={"USER_DAILY_BUDGET": "ten"})
+def test_a_malformed_user_budget_fails_the_run_before_any_call():
+    user = UserFactory()
+    run = run_start_sync(configuration=priced(), prompt="go", initiator=user).run
+    assert run.status == Status.FAILED
+    assert llm_events(run) == []
+
+
+# --- Hostile values ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["price_per_million_prompt_tokens", "price_per_million_completion_tokens", "daily_budget"],
+)
+def test_negative_prices_and_budgets_are_refused(field):
+    config = AgentConfigurationFactory.build(slug="neg", **{field: Decimal("-1")})
+    with pytest.raises(ValidationError) as refused:
+        config.full_clean()
+    assert field in refused.value.message_dict
+    with pytest.raises(IntegrityError), transaction.atomic():
+        config.save()
