@@ -281,3 +281,36 @@ def test_negative_prices_and_budgets_are_refused(field):
     assert field in refused.value.message_dict
     with pytest.raises(IntegrityError), transaction.atomic():
         config.save()
+
+
+# --- The race for the last of a budget (real threads, PostgreSQL) --------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("racers", [2, 6])
+def test_runs_racing_for_the_last_of_a_budget_overspend_by_at_most_one_call(racers):
+    from tests.agentruns.test_transition_races import race
+
+    # Each answer costs CALL_COST; the budget has room for 6.4 of them, so the last call that
+    # is admitted (spend still under the limit) overspends by at most one call, whoever races.
+    budget = CALL_COST * Decimal("6.4")
+    answer = {"content": "a", "usage": USAGE, "delay": 0.2}
+    turn = {"tool_calls": [{"name": "list_notes"}], "usage": USAGE, "delay": 0.2}
+    config = priced(daily_budget=budget, script=[turn, turn, turn, answer])
+    # One call first, so the ledger knows how large a call is (what a reservation holds back).
+    run_start_sync(configuration=config, prompt="warm", options={"script": [answer]})
+
+    outcomes = race(
+        [lambda: run_start_sync(configuration=config, prompt="go") for _ in range(racers)]
+    )
+
+    assert not [o.error for o in outcomes if o.error is not None]
+    row = spend(SpendScope.CONFIGURATION, config.pk)
+    runs = AgentRun.objects.filter(configuration=config)
+    answered = AgentRunEvent.objects.filter(run__in=runs, kind=EventKind.LLM).count()
+    assert row.calls == answered  # every answer charged once, nothing else
+    assert row.amount == CALL_COST * answered  # no reservation left behind
+    assert row.amount <= budget + CALL_COST
+    assert sum((r.cost for r in runs), Decimal(0)) == row.amount
+    # And the budget was really raced for: some run was refused.
+    assert runs.filter(termination_reason=TerminationReason.BUDGET_EXHAUSTED).exists()
