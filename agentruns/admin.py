@@ -15,7 +15,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
-from agentruns import selectors
+from agentruns import budgets, selectors
 from agentruns.authority import DECIDE_PERMISSION
 from agentruns.exceptions import LeaseholdError
 from agentruns.jsonview import pretty_json
@@ -39,6 +39,7 @@ class AgentConfigurationAdmin(admin.ModelAdmin):
         "model",
         "require_second_approver",
         "approver_group",
+        "daily_budget",
         "is_active",
     ]
     list_filter = ["provider", "is_active", "require_second_approver", "approver_group"]
@@ -124,6 +125,7 @@ class AgentRunAdmin(_VisibleOnly):
         "claimed_by",
         "lease_epoch",
         "requeue_count",
+        "cost_shown",
         "created_at",
     ]
     list_filter = ["status", "termination_reason", "configuration"]
@@ -144,6 +146,11 @@ class AgentRunAdmin(_VisibleOnly):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[AgentRun]:
         return selectors.visible_runs(user=request.user, queryset=super().get_queryset(request))
+
+    @admin.display(description="cost", ordering="cost")
+    def cost_shown(self, run: AgentRun) -> str:
+        """The run's cost so far with the currency (AGENTRUNS["COST_CURRENCY"])."""
+        return f"{run.cost} {budgets.currency()}"
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         """Offered to whoever may view runs here; each run is then cancelled under the cancel

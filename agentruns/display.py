@@ -114,6 +114,16 @@ def round_number(payload: Any) -> int | None:
     return None
 
 
+def money(value: Any) -> str:
+    """A cost as stored (a decimal, or the decimal string of an ``llm`` event) with the
+    currency: "0.022500 USD"; "" for none."""
+    if value is None or value == "":
+        return ""
+    from agentruns.budgets import currency
+
+    return f"{value} {currency()}"
+
+
 def writes_first(calls: Any) -> list[tuple[int, Any]]:
     """``(1-based position, call)`` pairs, writes before reads, each group in proposal order:
     the calls that change something are read first (their arguments open, reads folded)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.test import override_settings
@@ -167,7 +168,9 @@ def test_a_configuration_over_its_budget_fails_before_calling_the_model():
     assert spend(SpendScope.CONFIGURATION, config.pk).amount == CALL_COST * 2
 
 
-@override_settings(AGENTRUNS={"USER_DAILY_BUDGET": "0.0075", "COST_CURRENCY": "EUR"})
+@override_settings(
+    AGENTRUNS={**settings.AGENTRUNS, "USER_DAILY_BUDGET": "0.0075", "COST_CURRENCY": "EUR"}
+)
 def test_the_user_budget_caps_an_initiator_across_configurations():
     user, other = UserFactory(), UserFactory()
     first = run_start_sync(
@@ -259,7 +262,7 @@ def test_the_check_fails_closed_when_it_cannot_be_made():
     assert AgentRun.objects.get(pk=result.run.pk).status == Status.RUNNING  # the reaper's now
 
 
-@override_settings(AGENTRUNS={"USER_DAILY_BUDGET": "ten"})
+@override_settings(AGENTRUNS={**settings.AGENTRUNS, "USER_DAILY_BUDGET": "ten"})
 def test_a_malformed_user_budget_fails_the_run_before_any_call():
     user = UserFactory()
     run = run_start_sync(configuration=priced(), prompt="go", initiator=user).run
@@ -314,3 +317,93 @@ def test_runs_racing_for_the_last_of_a_budget_overspend_by_at_most_one_call(race
     assert sum((r.cost for r in runs), Decimal(0)) == row.amount
     # And the budget was really raced for: some run was refused.
     assert runs.filter(termination_reason=TerminationReason.BUDGET_EXHAUSTED).exists()
+
+
+# --- Where the cost is shown ----------------------------------------------------------------
+
+
+@override_settings(AGENTRUNS={**settings.AGENTRUNS, "COST_CURRENCY": "EUR"})
+def test_the_api_shows_the_cost_as_a_decimal_string_with_its_currency():
+    from rest_framework.test import APIClient
+
+    user = UserFactory(permissions=[DECIDE])
+    priced(slug="priced-api")
+    client = APIClient()
+    client.force_authenticate(user)
+    response = client.post(
+        "/api/runs/", {"configuration": "priced-api", "prompt": "go"}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["cost"] == str(CALL_COST * 3) and body["currency"] == "EUR"
+    listed = client.get("/api/runs/").json()["results"][0]
+    assert listed["cost"] == "0.022500"
+    events = client.get(f"/api/runs/{body['uuid']}/events/").json()
+    events = events["results"] if isinstance(events, dict) else events
+    assert [e["payload"]["cost"] for e in events if e["kind"] == "llm"] == ["0.007500"] * 3
+    schema = client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    run = schema["components"]["schemas"]["Run"]["properties"]
+    assert run["cost"]["type"] == "string" and run["cost"]["format"] == "decimal"
+    assert run["currency"]["type"] == "string"
+
+
+def test_the_playground_shows_each_rounds_cost_and_the_total(client):
+    from django.urls import reverse
+
+    user = UserFactory(permissions=["playground.use_playground", DECIDE])
+    run = run_start_sync(configuration=priced(), prompt="go", initiator=user).run
+    client.force_login(user)
+    html = client.get(reverse("playground:run", args=[run.uuid])).content.decode()
+    assert html.count("cost 0.007500 USD") == 3  # each model answer
+    assert "cost 0.022500 USD" in html  # the run's total
+
+
+def test_the_admin_lists_the_runs_cost_with_its_currency(admin_client):
+    run_start_sync(configuration=priced(), prompt="go")
+    html = admin_client.get("/admin/agentruns/agentrun/").content.decode()
+    assert "0.022500 USD" in html
+
+
+def test_the_admin_refuses_a_negative_budget(admin_client):
+    config = priced(slug="admin-neg")
+    response = admin_client.post(
+        f"/admin/agentruns/agentconfiguration/{config.pk}/change/",
+        {
+            "slug": "admin-neg",
+            "name": "n",
+            "provider": "scripted",
+            "timeout_seconds": 30,
+            "tools": "[]",
+            "max_iterations": 10,
+            "script": "[]",
+            "is_active": "on",
+            "daily_budget": "-5",
+            "price_per_million_prompt_tokens": "1",
+        },
+    )
+    assert response.status_code == 200  # the form again, with the error
+    assert "Ensure this value is greater than or equal to 0" in response.content.decode()
+    config.refresh_from_db()
+    assert config.daily_budget is None
+
+
+def test_the_cost_metric_per_configuration_comes_from_the_ledger(client):
+    from django.db.models import Sum
+
+    from tests.agentruns.test_metrics import samples
+
+    first, second = priced(slug="first"), priced(slug="second")
+    for config in (first, first, second):
+        run_start_sync(configuration=config, prompt="go")
+    client.force_login(UserFactory(is_staff=True))
+    values = samples(client)
+    total = "leasehold_cost_total"
+    assert values[(total, (("configuration", "first"), ("currency", "USD")))] == pytest.approx(
+        float(CALL_COST * 6)
+    )
+    assert values[(total, (("configuration", "second"), ("currency", "USD")))] == pytest.approx(
+        float(CALL_COST * 3)
+    )
+    # It is what the runs cost, summed from the ledger, not from the runs or their events.
+    spent = AgentRun.objects.aggregate(total=Sum("cost"))["total"]
+    assert spent == CALL_COST * 9
