@@ -1,4 +1,4 @@
-"""Cost and daily budgets (docs/design.md §13): what a model call costs, the spend ledger
+"""Cost and daily budgets (docs/design.md §14): what a model call costs, the spend ledger
 (``SpendDay``) and the check made before each provider call.
 
 * ``call_cost`` prices one answer from its configuration's prices and the provider's usage

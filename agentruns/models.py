@@ -491,7 +491,7 @@ class SpendScope(models.TextChoices):
 class SpendDay(models.Model):
     """What was spent on model calls in one UTC day (the database's clock), per configuration
     (``key`` = its id) and per initiator (``key`` = the user's id): the ledger the daily budgets
-    are checked against and ``/metrics`` sums (``agentruns.budgets``; docs/design.md §13).
+    are checked against and ``/metrics`` sums (``agentruns.budgets``; docs/design.md §14).
 
     Written only by ``agentruns.budgets``, by ``INSERT … ON CONFLICT DO UPDATE`` that adds to
     the stored values: a charge in the same transaction as the events that record the calls, a

@@ -1,4 +1,4 @@
-"""Cost and daily budgets (docs/design.md §13): prices, the run's cost, the spend ledger, the
+"""Cost and daily budgets (docs/design.md §14): prices, the run's cost, the spend ledger, the
 check before each provider call and the ``budget_exhausted`` ending. Both databases."""
 
 from __future__ import annotations
