@@ -23,6 +23,7 @@ without a check that answered). Must never write a run's state (that is ``transi
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
@@ -213,14 +214,17 @@ def reserve(budgets: Sequence[Budget]) -> Reservation | Exhausted:
         f"WHERE {table}.amount < CAST(CASE {limits} END AS NUMERIC) "
         f"RETURNING day, scope, key, largest"
     )
-    with transaction.atomic(using=db.alias):
+    # One budget needs no transaction of its own: refused, its row was not changed. Two need
+    # one, so that a refusal by either holds nothing on the other.
+    with transaction.atomic(using=db.alias) if len(budgets) > 1 else nullcontext():
         with db.cursor() as cursor:
             cursor.execute(sql, params)
             admitted = cursor.fetchall()
         if len(admitted) == len(budgets):
             held = {(str(scope), int(key)): _money(largest) for _, scope, key, largest in admitted}
             return Reservation(day=_day(admitted[0][0]), held=held)
-        transaction.set_rollback(True, using=db.alias)
+        if len(budgets) > 1:
+            transaction.set_rollback(True, using=db.alias)
     taken = {(str(row[1]), int(row[2])) for row in admitted}
     refused = next(b for b in budgets if (str(b.scope), b.key) not in taken)
     return _exhausted(db, refused)

@@ -195,6 +195,20 @@ def test_the_user_budget_caps_an_initiator_across_configurations():
     assert run_start_sync(configuration=priced(), prompt="go").run.status == Status.COMPLETED
 
 
+@override_settings(AGENTRUNS={**settings.AGENTRUNS, "USER_DAILY_BUDGET": "0.0075"})
+def test_a_refusal_by_one_budget_holds_nothing_on_the_other():
+    user = UserFactory()
+    config = priced(daily_budget=Decimal("1"), script=[{"content": "a", "usage": USAGE}])
+    assert run_start_sync(configuration=config, prompt="go", initiator=user).run.cost == CALL_COST
+    refused = run_start_sync(configuration=config, prompt="go", initiator=user).run
+    assert refused.termination_reason == TerminationReason.BUDGET_EXHAUSTED
+    payload = AgentRunEvent.objects.get(run=refused, kind=EventKind.BUDGET).payload
+    assert payload["budget"] == "user"
+    # The configuration's row admitted the call, but the user's refused it: nothing held.
+    assert spend(SpendScope.CONFIGURATION, config.pk).amount == CALL_COST
+    assert spend(SpendScope.USER, user.pk).amount == CALL_COST
+
+
 def test_a_zero_budget_admits_nothing():
     config = priced(daily_budget=Decimal("0"))
     run = run_start_sync(configuration=config, prompt="go").run
@@ -407,3 +421,51 @@ def test_the_cost_metric_per_configuration_comes_from_the_ledger(client):
     # It is what the runs cost, summed from the ledger, not from the runs or their events.
     spent = AgentRun.objects.aggregate(total=Sum("cost"))["total"]
     assert spent == CALL_COST * 9
+
+
+# --- What cost adds to a round (docs/design.md §6.6) --------------------------------------------
+
+
+def _per_round(configuration) -> dict[str, int]:
+    from collections import Counter
+
+    from django.test.utils import CaptureQueriesContext
+
+    def statements(rounds: int) -> Counter:
+        turn = {"tool_calls": [{"name": "list_notes"}], "usage": USAGE}
+        script = [turn] * rounds + [{"content": "done", "usage": USAGE}]
+        with CaptureQueriesContext(connection) as captured:
+            run_start_sync(configuration=configuration, prompt="go", options={"script": script})
+        seen: Counter = Counter()
+        for query in captured.captured_queries:
+            words = query["sql"].split()
+            if words[0] in ("UPDATE", "SELECT"):
+                table = next((w for w in words if w.startswith('"agentruns_')), "?")
+                seen[f"{words[0]} {table}"] += 1
+            elif words[0] == "INSERT":
+                seen[f"INSERT {words[2]}"] += 1
+            else:
+                seen[words[0]] += 1
+        return seen
+
+    two, three = statements(2), statements(3)
+    return {key: three[key] - two[key] for key in three if three[key] != two[key]}
+
+
+def test_cost_adds_no_statement_to_an_unpriced_round_and_one_ledger_write_to_a_priced_one():
+    unpriced = _per_round(AgentConfigurationFactory())
+    assert unpriced['UPDATE "agentruns_agentrun"'] == 2
+    assert unpriced['INSERT "agentruns_agentrunevent"'] == 2
+    assert not any("spendday" in key for key in unpriced)
+
+    def added(per_round: dict[str, int]) -> dict[str, int]:
+        keys = set(per_round) | set(unpriced)
+        diff = {key: per_round.get(key, 0) - unpriced.get(key, 0) for key in keys}
+        return {key: n for key, n in diff.items() if n}
+
+    # Priced: the answer's boundary also charges the ledger, inside a savepoint.
+    charge = {'INSERT "agentruns_spendday"': 1, "SAVEPOINT": 1, "RELEASE": 1}
+    assert added(_per_round(priced())) == charge
+    # With a budget: the check before the call is one more statement, nothing else.
+    checked = added(_per_round(priced(daily_budget=Decimal("100"))))
+    assert checked == {**charge, 'INSERT "agentruns_spendday"': 2}
