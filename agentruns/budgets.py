@@ -23,8 +23,8 @@ without a check that answered). Must never write a run's state (that is ``transi
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import date
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
