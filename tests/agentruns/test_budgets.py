@@ -469,3 +469,19 @@ def test_cost_adds_no_statement_to_an_unpriced_round_and_one_ledger_write_to_a_p
     # With a budget: the check before the call is one more statement, nothing else.
     checked = added(_per_round(priced(daily_budget=Decimal("100"))))
     assert checked == {**charge, 'INSERT "agentruns_spendday"': 2}
+
+
+def test_the_timeline_and_the_trace_say_which_budget_stopped_the_run(client):
+    from django.urls import reverse
+
+    user = UserFactory(permissions=["playground.use_playground", DECIDE])
+    config = priced(daily_budget=Decimal("0.01"))
+    run = run_start_sync(configuration=config, prompt="go", initiator=user).run
+    client.force_login(user)
+    said = "daily budget is spent: 0.015000 of 0.010000 USD ("
+    timeline = client.get(reverse("approvals:run", args=[run.uuid])).content.decode()
+    assert "The configuration&#x27;s " + said in timeline
+    assert "The model proposed: list_notes (cost 0.007500 USD)" in timeline
+    trace = client.get(reverse("playground:run", args=[run.uuid])).content.decode()
+    assert "the configuration&#x27;s " + said in trace
+    assert "the model was not called" in trace
