@@ -209,6 +209,19 @@ def test_a_refusal_by_one_budget_holds_nothing_on_the_other():
     assert spend(SpendScope.USER, user.pk).amount == CALL_COST
 
 
+def test_a_worker_ends_an_over_budget_run_without_a_retry():
+    from agentruns.services.runs import run_enqueue, run_process_queued
+
+    config = priced(daily_budget=Decimal("0.005"))
+    queued = run_enqueue(configuration=config, prompt="go")
+    result = run_process_queued(run_uuid=queued.uuid)
+    run = result.run
+    assert run.status == Status.FAILED
+    assert run.termination_reason == TerminationReason.BUDGET_EXHAUSTED
+    assert run.requeue_count == 0 and run.cost == CALL_COST
+    assert len(llm_events(run)) == 1
+
+
 def test_a_zero_budget_admits_nothing():
     config = priced(daily_budget=Decimal("0"))
     run = run_start_sync(configuration=config, prompt="go").run
