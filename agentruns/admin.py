@@ -133,9 +133,13 @@ class AgentRunAdmin(_VisibleOnly):
     date_hierarchy = "created_at"
     list_select_related = ["configuration", "initiator"]
     inlines = [AgentRunEventInline]
-    exclude = _RAW_STATE
+    exclude = [*_RAW_STATE, "cost"]  # shown as cost_shown, with its currency
     readonly_fields = [
-        *(f.name for f in AgentRun._meta.fields if f.name not in _RAW_STATE),
+        *(
+            "cost_shown" if f.name == "cost" else f.name
+            for f in AgentRun._meta.fields
+            if f.name not in _RAW_STATE
+        ),
         "request_json",
         "pending_turn_json",
         "pending_call_json",

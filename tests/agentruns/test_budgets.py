@@ -386,9 +386,11 @@ def test_the_playground_shows_each_rounds_cost_and_the_total(client):
 
 
 def test_the_admin_lists_the_runs_cost_with_its_currency(admin_client):
-    run_start_sync(configuration=priced(), prompt="go")
+    run = run_start_sync(configuration=priced(), prompt="go").run
     html = admin_client.get("/admin/agentruns/agentrun/").content.decode()
     assert "0.022500 USD" in html
+    detail = admin_client.get(f"/admin/agentruns/agentrun/{run.pk}/change/").content.decode()
+    assert "0.022500 USD" in detail
 
 
 def test_the_admin_refuses_a_negative_budget(admin_client):
