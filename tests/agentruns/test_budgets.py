@@ -500,3 +500,37 @@ def test_the_timeline_and_the_trace_say_which_budget_stopped_the_run(client):
     trace = client.get(reverse("playground:run", args=[run.uuid])).content.decode()
     assert "the configuration&#x27;s " + said in trace
     assert "the model was not called" in trace
+
+
+@pytest.mark.postgres
+def test_an_answer_that_arrives_after_a_cancel_is_recorded_and_charged():
+    import threading
+    import time
+
+    from agentruns.services.runs import run_cancel
+
+    config = priced(script=[{"content": "a", "usage": USAGE, "delay": 1.5}])
+    done = threading.Event()
+
+    def start() -> None:
+        try:
+            run_start_sync(configuration=config, prompt="go")
+        finally:
+            connection.close()
+            done.set()
+
+    threading.Thread(target=start).start()
+    deadline = time.monotonic() + 20
+    run = None
+    while run is None and time.monotonic() < deadline:  # the call is in flight
+        run = AgentRun.objects.filter(configuration=config, events__kind=EventKind.REQUEST).first()
+        time.sleep(0.05)
+    assert run is not None
+    assert run_cancel(run_uuid=run.uuid)
+    assert done.wait(30)
+
+    run.refresh_from_db()
+    assert run.status == Status.CANCELLED
+    (answer,) = llm_events(run)  # recorded before the cancel event, with its cost
+    assert answer["cost"] == str(CALL_COST) and run.cost == CALL_COST
+    assert spend(SpendScope.CONFIGURATION, config.pk).amount == CALL_COST
