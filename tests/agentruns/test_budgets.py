@@ -534,3 +534,15 @@ def test_an_answer_that_arrives_after_a_cancel_is_recorded_and_charged():
     (answer,) = llm_events(run)  # recorded before the cancel event, with its cost
     assert answer["cost"] == str(CALL_COST) and run.cost == CALL_COST
     assert spend(SpendScope.CONFIGURATION, config.pk).amount == CALL_COST
+
+
+@pytest.mark.parametrize("raw", ["ten", "-1", "NaN", "Infinity"])
+def test_a_malformed_user_budget_in_the_environment_is_refused_at_start(raw):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from agentruns.conf import settings_from_env
+
+    with pytest.raises(ImproperlyConfigured, match="AGENTRUNS_USER_DAILY_BUDGET"):
+        settings_from_env({"AGENTRUNS_USER_DAILY_BUDGET": raw})
+    assert settings_from_env({"AGENTRUNS_USER_DAILY_BUDGET": " 12.50 "})["USER_DAILY_BUDGET"]
+    assert settings_from_env({})["USER_DAILY_BUDGET"] == ""
