@@ -243,19 +243,6 @@ def _exhausted(db: Any, budget: Budget) -> Exhausted:
     return Exhausted(budget, _money(row[1]), _day(row[0]))
 
 
-def spent_today(scope: str, key: int) -> Decimal:
-    """What ``scope``/``key`` has spent today (UTC, the database's clock): one indexed read."""
-    db = connections[DEFAULT_DB_ALIAS]
-    with db.cursor() as cursor:
-        cursor.execute(
-            f"SELECT amount FROM {_table(db)} WHERE day = {_DAY_SQL[db.vendor]} "
-            "AND scope = %s AND key = %s",
-            [str(scope), key],
-        )
-        row = cursor.fetchone()
-    return _money(row[0]) if row is not None else Decimal(0).quantize(QUANTUM)
-
-
 # --- Charging and releasing ---------------------------------------------------------------------
 
 
