@@ -16,7 +16,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils.html import format_html, format_html_join
 
-from agentruns import selectors
+from agentruns import budgets, selectors
 from agentruns.authority import DECIDE_PERMISSION
 from agentruns.exceptions import LeaseholdError
 from agentruns.jsonview import pretty_json
@@ -41,6 +41,7 @@ class AgentConfigurationAdmin(admin.ModelAdmin):
         "model",
         "require_second_approver",
         "approver_group",
+        "daily_budget",
         "is_active",
     ]
     list_filter = ["provider", "is_active", "require_second_approver", "approver_group"]
@@ -126,6 +127,7 @@ class AgentRunAdmin(_VisibleOnly):
         "claimed_by",
         "lease_epoch",
         "requeue_count",
+        "cost_shown",
         "created_at",
     ]
     list_filter = ["status", "termination_reason", "configuration"]
@@ -133,9 +135,13 @@ class AgentRunAdmin(_VisibleOnly):
     date_hierarchy = "created_at"
     list_select_related = ["configuration", "initiator"]
     inlines = [AgentRunEventInline]
-    exclude = _RAW_STATE
+    exclude = [*_RAW_STATE, "cost"]  # shown as cost_shown, with its currency
     readonly_fields = [
-        *(f.name for f in AgentRun._meta.fields if f.name not in _RAW_STATE),
+        *(
+            "cost_shown" if f.name == "cost" else f.name
+            for f in AgentRun._meta.fields
+            if f.name not in _RAW_STATE
+        ),
         "request_json",
         "pending_turn_json",
         "pending_call_json",
@@ -160,6 +166,11 @@ class AgentRunAdmin(_VisibleOnly):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[AgentRun]:
         return selectors.visible_runs(user=request.user, queryset=super().get_queryset(request))
+
+    @admin.display(description="cost", ordering="cost")
+    def cost_shown(self, run: AgentRun) -> str:
+        """The run's cost so far with the currency (AGENTRUNS["COST_CURRENCY"])."""
+        return f"{run.cost} {budgets.currency()}"
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         """Offered to whoever may view runs here; each run is then cancelled under the cancel

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -65,6 +66,11 @@ DEFAULTS: dict[str, Any] = {
     # The site's base URL for absolute links in notifications (e.g. https://leasehold.example);
     # empty: the links are paths only.
     "SITE_URL": "",
+    # The currency configurations' prices and budgets are in (a name shown beside every cost).
+    "COST_CURRENCY": "USD",
+    # Most each initiator's runs may spend per UTC day, all configurations together (a decimal,
+    # in COST_CURRENCY); empty: no per-user budget. Read by agentruns.budgets.
+    "USER_DAILY_BUDGET": "",
 }
 
 
@@ -103,9 +109,21 @@ def parse_env_overrides(defaults: Mapping[str, Any], environ: Mapping[str, str])
 def settings_from_env(environ: Mapping[str, str]) -> dict:
     """A complete ``AGENTRUNS`` setting: ``DEFAULTS`` with the environment's overrides applied.
 
-    Raises ``ImproperlyConfigured`` for a value that does not parse as its default's type.
+    Raises ``ImproperlyConfigured`` for a value that does not parse as its default's type, or a
+    ``USER_DAILY_BUDGET`` that is neither empty nor a decimal of 0 or more.
     """
-    return parse_env_overrides(DEFAULTS, environ)
+    parsed = parse_env_overrides(DEFAULTS, environ)
+    budget = str(parsed["USER_DAILY_BUDGET"]).strip()
+    if budget:
+        try:
+            valid = Decimal(budget).is_finite() and Decimal(budget) >= 0
+        except InvalidOperation:
+            valid = False
+        if not valid:
+            raise ImproperlyConfigured(
+                f"AGENTRUNS_USER_DAILY_BUDGET={budget!r} is not a decimal of 0 or more"
+            )
+    return parsed
 
 
 def get(name: str) -> Any:

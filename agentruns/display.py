@@ -127,6 +127,30 @@ def round_number(payload: Any) -> int | None:
     return None
 
 
+def money(value: Any) -> str:
+    """A cost as stored (a decimal, or the decimal string of an ``llm`` event) with the
+    currency: "0.022500 USD"; "" for none."""
+    if value is None or value == "":
+        return ""
+    from agentruns.budgets import currency
+
+    return f"{value} {currency()}"
+
+
+def budget_text(payload: Any) -> str:
+    """A ``budget`` event in words: "the configuration's daily budget is spent: 5.002500 of
+    5.000000 USD (2026-12-01, UTC); the model was not called"."""
+    p = payload if isinstance(payload, dict) else {}
+    whose = {"configuration": "the configuration's", "user": "the user's"}.get(
+        str(p.get("budget")), "a"
+    )
+    day = f" ({p['day']}, UTC)" if p.get("day") else ""
+    return (
+        f"{whose} daily budget is spent: {p.get('spend', '?')} of {p.get('limit', '?')} "
+        f"{p.get('currency', '')}{day}; the model was not called"
+    )
+
+
 def writes_first(calls: Any) -> list[tuple[int, Any]]:
     """``(1-based position, call)`` pairs, writes before reads, each group in proposal order:
     the calls that change something are read first (their arguments open, reads folded)."""

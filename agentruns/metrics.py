@@ -15,6 +15,8 @@ of the events:
   and the segments that ended because their lease was lost;
 * ``leasehold_notifications_sent_total{channel}`` and
   ``leasehold_notification_failures_total{channel}``: counted once per notification pass.
+* ``leasehold_cost_total{configuration,currency}``: what each configuration's model calls cost,
+  summed over the spend ledger's daily rows (``SpendDay``: one per configuration and UTC day).
 
 Readable by a staff session, or by a scraper with ``Authorization: Bearer <METRICS_TOKEN>``
 (``AGENTRUNS_METRICS_TOKEN``; empty = no token accepted). Anything else: 401 without
@@ -31,7 +33,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from django.db import connection, transaction
-from django.db.models import Count, Min
+from django.db.models import Count, Min, Sum
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CollectorRegistry, generate_latest
@@ -39,8 +41,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from agentruns import conf
-from agentruns.models import AgentRun, Counter, Status
+from agentruns import budgets, conf
+from agentruns.models import AgentConfiguration, AgentRun, Counter, SpendDay, SpendScope, Status
 
 if TYPE_CHECKING:
     from agentruns.leases import Lease
@@ -210,7 +212,6 @@ class LeaseholdCollector(Collector):
         yield CounterMetricFamily(
             "leasehold_reaper_passes", "Reaper passes that were not dry runs.", value=passes
         )
-
         values: dict[str, dict[str, int]] = {}
         for counter in Counter.objects.filter(name__in=[*_PLAIN_COUNTERS, *_CHANNEL_COUNTERS]):
             channel = _parse_labels(counter.labels).get("channel", "")
@@ -224,6 +225,32 @@ class LeaseholdCollector(Collector):
             for channel in ("email", "webhook"):
                 family.add_metric([channel], values.get(name, {}).get(channel, 0))
             yield family
+        yield _cost()
+
+
+def _cost() -> CounterMetricFamily:
+    """``leasehold_cost_total{configuration,currency}`` from the spend ledger: one ``GROUP BY``
+    over the configurations' daily rows (never the events). A deleted configuration is named by
+    its former id."""
+    cost = CounterMetricFamily(
+        "leasehold_cost",
+        "What each configuration's model calls cost (AGENTRUNS_COST_CURRENCY).",
+        labels=["configuration", "currency"],
+    )
+    totals = (
+        SpendDay.objects.filter(scope=SpendScope.CONFIGURATION)
+        .values("key")
+        .annotate(total=Sum("amount"))
+        .order_by("key")
+    )
+    rows = [(row["key"], row["total"]) for row in totals]
+    slugs = dict(
+        AgentConfiguration.objects.filter(pk__in=[key for key, _ in rows]).values_list("pk", "slug")
+    )
+    currency = budgets.currency()
+    for key, total in rows:
+        cost.add_metric([slugs.get(key, f"#{key}"), currency], float(total or 0))
+    return cost
 
 
 def _allowed(request: HttpRequest) -> int | None:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
+from django.db.models import Q
 from django.db.models.functions import Now
 
 from agentruns.secrets import secret_env_problem
@@ -71,6 +73,7 @@ class TerminationReason(models.TextChoices):
     CANCELLED = "cancelled", "cancelled"
     INTERNAL_ERROR = "internal_error", "an unexpected error inside Leasehold"
     APPROVAL_EXPIRED = "approval_expired", "nobody decided before its approval deadline"
+    BUDGET_EXHAUSTED = "budget_exhausted", "its daily budget was spent"
 
 
 class EventKind(models.TextChoices):
@@ -92,6 +95,8 @@ class EventKind(models.TextChoices):
     # A tool's automatic check of an in-doubt write answered unknown, failed or timed out; a
     # landed / not landed answer is a ``reconciliation`` event (``by: "check"``) instead.
     CHECK = "check", "automatic check"
+    # A provider call was refused before it was made: a daily budget is spent (``budgets``).
+    BUDGET = "budget", "budget"
 
 
 class ApprovalTimeoutAction(models.TextChoices):
@@ -181,11 +186,46 @@ class AgentConfiguration(models.Model):
         ),
     )
     is_active = models.BooleanField(default=True)
+    # Cost (agentruns.budgets): prices in AGENTRUNS["COST_CURRENCY"]; empty = not priced.
+    price_per_million_prompt_tokens = models.DecimalField(
+        max_digits=12,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="Price of a million prompt tokens (AGENTRUNS['COST_CURRENCY']); empty: unpriced.",
+    )
+    price_per_million_completion_tokens = models.DecimalField(
+        max_digits=12,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="Price of a million completion tokens; empty: unpriced.",
+    )
+    daily_budget = models.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="Most this configuration's runs may spend per UTC day; empty: no budget. A run "
+        "over it ends failed (budget exhausted) before its next model call.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(price_per_million_prompt_tokens__gte=0)
+                & Q(price_per_million_completion_tokens__gte=0)
+                & Q(daily_budget__gte=0),
+                name="agentconfiguration_cost_not_negative",
+                violation_error_message="Prices and budgets cannot be negative.",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.name or self.slug
@@ -248,6 +288,9 @@ class AgentRun(models.Model):
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     total_tokens = models.PositiveIntegerField(default=0)
+    # What the run's model calls cost so far (AGENTRUNS["COST_CURRENCY"]; agentruns.budgets),
+    # written with the events that record them.
+    cost = models.DecimalField(max_digits=14, decimal_places=6, default=Decimal("0"))
     iterations = models.PositiveIntegerField(default=0)
     truncated = models.BooleanField(default=False)
 
@@ -561,3 +604,40 @@ class NotificationState(models.Model):
     def __str__(self) -> str:
         who = f"user {self.user_id}" if self.user_id else f"configuration {self.configuration_id}"
         return f"{self.channel} to {who}"
+
+
+class SpendScope(models.TextChoices):
+    CONFIGURATION = "configuration", "configuration"
+    USER = "user", "user"
+
+
+class SpendDay(models.Model):
+    """What was spent on model calls in one UTC day (the database's clock), per configuration
+    (``key`` = its id) and per initiator (``key`` = the user's id): the ledger the daily budgets
+    are checked against and ``/metrics`` sums (``agentruns.budgets``; docs/design.md §14).
+
+    Written only by ``agentruns.budgets``, by ``INSERT … ON CONFLICT DO UPDATE`` that adds to
+    the stored values: a charge in the same transaction as the events that record the calls, a
+    reservation of ``largest`` before a call when a budget applies. ``key`` is a plain id, not a
+    foreign key, so a deleted user or configuration keeps its history.
+    """
+
+    day = models.DateField()
+    scope = models.CharField(max_length=16, choices=SpendScope.choices)
+    key = models.BigIntegerField()
+    amount = models.DecimalField(max_digits=20, decimal_places=6, default=Decimal("0"))
+    calls = models.PositiveIntegerField(default=0)
+    # The largest single call charged today: what a reservation holds back while a call is in
+    # flight (budgets.reserve).
+    largest = models.DecimalField(max_digits=20, decimal_places=6, default=Decimal("0"))
+    # Calls whose provider reported no token usage (charged 0).
+    unknown_usage_calls = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["day", "scope", "key"], name="spendday_day_scope_key")
+        ]
+        indexes = [models.Index(fields=["scope", "key", "day"], name="spendday_scope_key_day")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.scope}={self.key}: {self.amount}"

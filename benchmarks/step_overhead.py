@@ -20,6 +20,10 @@ touched. Workloads:
 Tool bodies and the scripted provider issue no SQL, so every statement counted is the runtime's.
 A round runs from one ``request`` event to the next; the closing provider call is not a round.
 
+``--priced`` prices the configuration (each answer is charged to the spend ledger) and
+``--budget`` also gives it a daily budget it never reaches (the check before each provider
+call), docs/design.md §14.
+
 With ``--json`` the last line is one JSON object: ``{"database": "postgresql"|"sqlite", "read":
 {"statements_per_round", "ms_per_round", "raw_replay_ms", "ratio_to_raw_replay"}, "write": {…the
 same keys}}`` (medians; the raw replay is the round's own statements through the driver).
@@ -458,6 +462,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20, help="timed runs per workload")
     parser.add_argument("--rounds", type=int, default=8, help="tool rounds per run (max 19)")
     parser.add_argument("--json", action="store_true", help="end with one JSON object")
+    parser.add_argument(
+        "--priced",
+        action="store_true",
+        help="price the configuration: each answer is also charged to the spend ledger",
+    )
+    parser.add_argument(
+        "--budget",
+        action="store_true",
+        help="with --priced, a daily budget it never reaches: the check before each call",
+    )
     args = parser.parse_args()
     rounds = max(2, min(args.rounds, 19))
 
@@ -474,13 +488,27 @@ def main() -> None:
             provider="scripted",
             tools=[READ_TOOL, WRITE_TOOL],
             max_iterations=20,
+            # Cost (docs/design.md §14): priced answers are charged, a budget is checked.
+            **(
+                {
+                    "price_per_million_prompt_tokens": "2.50",
+                    "price_per_million_completion_tokens": "10.00",
+                }
+                if args.priced or args.budget
+                else {}
+            ),
+            **({"daily_budget": "99999999"} if args.budget else {}),
         )
         approver = get_user_model().objects.create_superuser("bench", "bench@example.com", "x")
         print(f"database: {target.label}")
         print(f"{args.runs} runs x {rounds} rounds per workload; no-op tools, scripted provider")
         print(f"machine load average (1/5/15 min): {os.getloadavg()}, {os.cpu_count()} CPUs")
         baseline = RawBaseline(target)
-        results: dict[str, Any] = {"database": target.vendor}
+        results: dict[str, Any] = {
+            "database": target.vendor,
+            "priced": args.priced or args.budget,
+            "budget": args.budget,
+        }
         try:
             # Warm up caches and connections.
             one_run("read", 2, RoundClock(), approver, config)

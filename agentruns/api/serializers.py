@@ -7,6 +7,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from agentruns import budgets
 from agentruns.models import (
     DEADLINE_STATUSES,
     AgentRun,
@@ -275,6 +276,10 @@ class RunSerializer(serializers.Serializer):
     prompt_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
     total_tokens = serializers.IntegerField()
+    # What the run's model calls cost so far, a decimal string in ``currency``
+    # (AGENTRUNS["COST_CURRENCY"]); "0.000000" for an unpriced configuration.
+    cost = serializers.DecimalField(max_digits=14, decimal_places=6, coerce_to_string=True)
+    currency = serializers.SerializerMethodField()
     iterations = serializers.IntegerField()
     truncated = serializers.BooleanField()
     created_at = serializers.DateTimeField()
@@ -285,6 +290,9 @@ class RunSerializer(serializers.Serializer):
     @extend_schema_field(PendingTurnSerializer(allow_null=True))
     def get_pending_turn(self, run: AgentRun) -> dict[str, Any] | None:
         return pending_turn_view(run)
+
+    def get_currency(self, run: AgentRun) -> str:
+        return budgets.currency()
 
 
 #: A run list cuts each run's prompt and output here; its detail has them whole.

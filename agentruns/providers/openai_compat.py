@@ -128,6 +128,10 @@ def _tool_call(call: Any) -> ToolCall:
 
 
 def _usage(usage: Any) -> dict[str, int]:
+    """The reply's token counts; ``{}`` when the endpoint reported no usage at all (the call's
+    cost is then unknown: charged 0 and marked, ``agentruns.budgets``)."""
+    if usage is None:
+        return {}
     counts = {
         key: int(getattr(usage, key, 0) or 0)
         for key in ("prompt_tokens", "completion_tokens", "total_tokens")

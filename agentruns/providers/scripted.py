@@ -11,7 +11,8 @@ A script is a list of turns, each a dict with at least one of
   turn's content/tool calls are played;
 
 and optionally ``"delay": seconds`` (sleep before answering or failing) and
-``"usage": {"prompt_tokens": int, "completion_tokens": int}``.
+``"usage": {"prompt_tokens": int, "completion_tokens": int}`` (``null``: report no usage at all,
+as an endpoint that sends none; counts not given are estimated).
 
 Stateless across processes: the turn played is the number of ``assistant`` messages already in
 ``messages``, so a run continued elsewhere plays the right turn. Tool call ids are
@@ -98,7 +99,7 @@ def _validate_turn(index: int, turn: Any) -> None:
             f"{where}: 'delay' may not exceed the tool timeout "
             f"({conf.get('TOOL_TIMEOUT_SECONDS')} s, AGENTRUNS_TOOL_TIMEOUT_SECONDS)."
         )
-    if "usage" in turn:
+    if "usage" in turn and turn["usage"] is not None:
         usage = turn["usage"]
         if not isinstance(usage, dict) or not all(
             isinstance(key, str) and isinstance(value, int) and not isinstance(value, bool)
@@ -245,6 +246,8 @@ class ScriptedProvider:
             for position, call in enumerate(turn.get("tool_calls", []))
         ]
         content = turn.get("content", "")
+        if "usage" in turn and turn["usage"] is None:
+            return ProviderReply(content=content, tool_calls=calls, usage={}, model=self.model)
         usage = dict(turn.get("usage", {}))
         usage.setdefault("prompt_tokens", _estimate_tokens(messages))
         usage.setdefault(

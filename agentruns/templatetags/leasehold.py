@@ -28,6 +28,8 @@ register.filter("effect_text", display.effect_text)
 register.filter("is_read_effect", display.is_read)
 register.filter("writes_first", display.writes_first)
 register.filter("round_number", display.round_number)
+register.filter("money", display.money)
+register.filter("budget_text", display.budget_text)
 
 _TABLES = {
     "lease_action": display.LEASE_ACTIONS,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -147,14 +148,24 @@ def run_heartbeat(
     *,
     loop_state: Mapping[str, Any] | None = None,
     events: Iterable[EventSpec] = (),
+    cost: Decimal | None = None,
 ) -> bool:
-    """Renew the lease (a step boundary may also save ``loop_state`` and append events).
+    """Renew the lease (a step boundary may also save ``loop_state``, the run's ``cost`` so far
+    and append events).
 
     Guard: ``running``, ``claimed_by`` = owner, ``lease_epoch`` = epoch. ``False``: lease lost.
     """
     return segment_write(
-        lease, {"lease_expires": DbValue.LEASE_DEADLINE}, events, loop_state=loop_state
+        lease,
+        {"lease_expires": DbValue.LEASE_DEADLINE, **_cost(cost)},
+        events,
+        loop_state=loop_state,
     )
+
+
+def _cost(cost: Decimal | None) -> dict[str, Decimal]:
+    """The run's cost so far, written with the events that record the answers it adds up."""
+    return {} if cost is None else {"cost": cost}
 
 
 @state_write
@@ -186,11 +197,17 @@ def run_clear_fence(
     *,
     loop_state: Mapping[str, Any] | None = None,
     events: Iterable[EventSpec] = (),
+    cost: Decimal | None = None,
 ) -> bool:
     """Clear the fence after the tool ran (a heartbeat too). ``False``: lease lost."""
     return segment_write(
         lease,
-        {"pending_effect": "", "pending_call": None, "lease_expires": DbValue.LEASE_DEADLINE},
+        {
+            "pending_effect": "",
+            "pending_call": None,
+            "lease_expires": DbValue.LEASE_DEADLINE,
+            **_cost(cost),
+        },
         events,
         loop_state=loop_state,
     )
@@ -283,7 +300,9 @@ def run_requeue(
 
 
 @state_write
-def run_notice_cancel(lease: Lease, *, events: Iterable[EventSpec] = ()) -> bool:
+def run_notice_cancel(
+    lease: Lease, *, events: Iterable[EventSpec] = (), cost: Decimal | None = None
+) -> bool:
     """Record that the segment holding the run saw its cancel at a step boundary.
 
     Guard: ``cancelled`` and still naming this owner and epoch (a cancel keeps the claim so the
@@ -292,7 +311,7 @@ def run_notice_cancel(lease: Lease, *, events: Iterable[EventSpec] = ()) -> bool
     return guarded_write(
         lease.run_id,
         Q(status=Status.CANCELLED, claimed_by=lease.owner, lease_epoch=lease.epoch),
-        {"claimed_by": ""},
+        {"claimed_by": "", **_cost(cost)},
         events,
         segment=lease.owner,
         epoch=lease.epoch,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from typing import Any, Literal, TypeAlias
 
 from agentruns.turns.calls import (
@@ -238,6 +239,9 @@ def parse_decision(raw: object) -> Decision:
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # What the run's answers cost so far (agentruns.budgets); stored as a decimal string, and
+    # only once it is not zero.
+    cost: Decimal = Decimal(0)
 
     @property
     def total_tokens(self) -> int:
@@ -276,6 +280,7 @@ class LoopState:
             "usage": {
                 "prompt_tokens": self.usage.prompt_tokens,
                 "completion_tokens": self.usage.completion_tokens,
+                **({"cost": str(self.usage.cost)} if self.usage.cost else {}),
             },
         }
         if self.decision is not None:
@@ -309,9 +314,22 @@ class LoopState:
                 completion_tokens=_int(
                     usage.get("completion_tokens"), "loop_state.usage.completion_tokens"
                 ),
+                cost=_cost(usage.get("cost")),
             ),
             extra={k: v for k, v in raw.items() if k not in cls._KNOWN},
         )
+
+
+def _cost(value: object) -> Decimal:
+    if value is None:
+        return Decimal(0)
+    try:
+        cost = Decimal(value) if isinstance(value, str) else None
+    except InvalidOperation:
+        cost = None
+    if cost is None or not cost.is_finite() or cost < 0:
+        raise Unreadable("loop_state.usage.cost is not a decimal string")
+    return cost
 
 
 def with_decision(

@@ -77,9 +77,12 @@ def event_summary(event: Any) -> str:
     if kind == "llm":
         calls = _calls(payload.get("tool_calls"))
         if calls:
-            return f"The model proposed: {calls}"
+            cost = f" (cost {display.money(payload['cost'])})" if payload.get("cost") else ""
+            return f"The model proposed: {calls}{cost}"
         content = str(payload.get("content") or "")
-        return f"The model answered: {content[:200]}" if content else "The model answered"
+        cost = f" (cost {display.money(payload['cost'])})" if payload.get("cost") else ""
+        answered = f"The model answered: {content[:200]}" if content else "The model answered"
+        return answered + cost
     if kind == "tool":
         outcome = display.lookup(display.TOOL_OUTCOMES, payload.get("outcome", ""))
         ok = (
@@ -131,6 +134,9 @@ def event_summary(event: Any) -> str:
         return f"Reaper: {rule} — {verdict}" if rule else f"Reaper: {verdict}"
     if kind == "cancel":
         return str(payload.get("note") or "cancelled")
+    if kind == "budget":
+        text = display.budget_text(payload)
+        return text[:1].upper() + text[1:]
     return ""
 
 

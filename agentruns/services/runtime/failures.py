@@ -55,6 +55,7 @@ def totals(state: LoopState, *, truncated: bool) -> dict[str, Any]:
         "prompt_tokens": state.usage.prompt_tokens,
         "completion_tokens": state.usage.completion_tokens,
         "total_tokens": state.usage.total_tokens,
+        "cost": state.usage.cost,
         "iterations": state.iteration,
         "truncated": truncated,
         "loop_state": state.to_json(),

@@ -7,9 +7,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agentruns import transitions
+from django.db import DatabaseError
+
+from agentruns import budgets, transitions
+from agentruns.exceptions import StateWriteFailed
 from agentruns.leases import EventSpec, Lease
-from agentruns.models import AgentConfiguration, AgentRun, EventKind, Status
+from agentruns.models import AgentConfiguration, AgentRun, EventKind, Status, TerminationReason
 from agentruns.providers import ProviderError, ProviderReply, provider_for
 from agentruns.providers.base import checked_reply
 from agentruns.services.runtime.failures import provider_error, retry_policy
@@ -37,6 +40,8 @@ class ProviderStep:
     messages: list[dict[str, Any]]
     gate: ToolGate
     retry: RetryScheduler | None
+    # An answer's cost to record in the spend ledger with the write that records its event.
+    _charge: budgets.Charge | None = None
 
     def _boundary(self, events: list[EventSpec], *, clear_fence: bool = False) -> Stop | None:
         raise NotImplementedError
@@ -77,7 +82,11 @@ class ProviderStep:
         if names != self._tools_recorded:
             payload["tools"] = names
         request = EventSpec(EventKind.REQUEST, payload, shown={"messages": list(self.messages)})
+        reservation = self._check_budgets()
+        if isinstance(reservation, Stop):
+            return reservation
         if stop := self._boundary([request]):
+            budgets.release(reservation)
             return stop
         self._system_recorded, self._tools_recorded = system, names
         provider = provider_for(self.config, self.request)
@@ -94,12 +103,24 @@ class ProviderStep:
             else:
                 failure = None
         if failure is not None:
+            budgets.release(reservation)
             if ticker.lost:
                 return self._lost(at="provider")
             return self._provider_failed(failure)
         duration_ms = int((time.monotonic() - started) * 1000)
         self.state.iteration += 1
         self.state.usage.add(reply.usage)
+        priced = budgets.call_cost(self.config, reply.usage)
+        if priced is not None or reservation is not None:
+            cost = priced.cost if priced is not None else budgets.as_money(0)
+            self.state.usage.cost = budgets.as_money(self.state.usage.cost + cost)
+            self._charge = budgets.Charge(
+                configuration_id=self.config.pk,
+                initiator_id=self.run.initiator_id,
+                cost=cost,
+                usage_known=priced is None or priced.usage_known,
+                reservation=reservation,
+            )
         calls = (
             [] if final else unique_call_ids(reply.tool_calls, self.messages, self.state.iteration)
         )
@@ -124,6 +145,7 @@ class ProviderStep:
                 ],
                 "usage": dict(reply.usage),
                 "model": reply.model,
+                **_priced(priced),
             },
             duration_ms=duration_ms,
         )
@@ -132,6 +154,28 @@ class ProviderStep:
         if final or not calls:
             return reply, answered  # the final answer: written with the settle
         return self._boundary([answered]) or (reply, answered)
+
+    def _check_budgets(self) -> budgets.Reservation | Stop | None:
+        """The budget check before a provider call (``budgets.reserve``): ``None`` when no
+        budget applies, the reservation when every budget admits the call, else the run is
+        settled ``failed`` / ``budget_exhausted`` with a ``budget`` event and the model is not
+        called. A database error propagates (``StateWriteFailed``): no call without a check."""
+        applicable = budgets.budgets_for(
+            configuration=self.config, initiator_id=self.run.initiator_id
+        )
+        if not applicable:
+            return None
+        try:
+            verdict = budgets.reserve(applicable)
+        except DatabaseError as exc:
+            raise StateWriteFailed("the budget check failed", transition="reserve") from exc
+        if isinstance(verdict, budgets.Reservation):
+            return verdict
+        reason = TerminationReason.BUDGET_EXHAUSTED
+        error = {"type": "BudgetExhausted", "message": verdict.message()}
+        event = EventSpec(EventKind.BUDGET, verdict.payload())
+        stop = self._settle(Status.FAILED, reason, error=error, events=[event])
+        return stop or Stop.of(Outcome.FAILED, reason=reason)
 
     def _provider_failed(self, exc: ProviderError) -> Stop:
         error = provider_error(exc)
@@ -157,3 +201,11 @@ class ProviderStep:
         assert self.retry is not None  # retry_policy retries only with a scheduler
         self.retry(self.run, delay)
         return Stop.of(Outcome.REQUEUED, retry_in_seconds=delay)
+
+
+def _priced(priced: budgets.Priced | None) -> dict[str, Any]:
+    """What an ``llm`` event adds about cost: ``cost`` (a decimal string) when the configuration
+    is priced, and ``usage_unknown`` when the provider reported no usage (charged 0)."""
+    if priced is None:
+        return {}
+    return {"cost": str(priced.cost), **({} if priced.usage_known else {"usage_unknown": True})}

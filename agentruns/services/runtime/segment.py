@@ -16,9 +16,12 @@ the segment ended; the loop returns the first ``Stop``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from agentruns import conf, metrics, transitions
+from django.db import DatabaseError, transaction
+
+from agentruns import budgets, conf, metrics, transitions
 from agentruns.exceptions import StateWriteFailed
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import (
@@ -156,7 +159,10 @@ class RunSegment(ProviderStep):
         self._deferred_clear = False
         written = [*deferred, *events]
         write = transitions.run_clear_fence if clear_fence else transitions.run_heartbeat
-        if not write(self.lease, loop_state=self.state.to_json(), events=written):
+        cost = self.state.usage.cost if self._charge is not None else None
+        if not self._charged(
+            lambda: write(self.lease, loop_state=self.state.to_json(), events=written, cost=cost)
+        ):
             return self._lost(completed=written)
         for spec in events:  # the deferred ones joined the dialogue when they were deferred
             self._remember(spec)
@@ -164,6 +170,23 @@ class RunSegment(ProviderStep):
             for spec in written:
                 self.observer(spec)
         return None
+
+    def _charged(self, write: Callable[[], bool]) -> bool:
+        """``write`` (which records an answer's event), and the answer's charge in the spend
+        ledger (``budgets.charge``) in the same transaction when one is pending: both or
+        neither. ``False``: ``write`` matched no row; the charge stays pending for ``_lost``."""
+        pending = self._charge
+        if pending is None:
+            return write()
+        with transaction.atomic():
+            if not write():
+                return False
+            try:
+                budgets.charge(pending)
+            except DatabaseError as exc:  # rolls the write back with it
+                raise StateWriteFailed("the spend ledger refused the charge") from exc
+        self._charge = None
+        return True
 
     def _step_done(
         self, events: list[EventSpec], *, clear_fence: bool, last_of_turn: bool
@@ -206,10 +229,25 @@ class RunSegment(ProviderStep):
             if spec.kind in (EventKind.TOOL, EventKind.LLM, EventKind.IN_DOUBT)
         ]
         self._deferred = []
-        noticed = transitions.run_notice_cancel(
-            self.lease,
-            events=[*finished, EventSpec(EventKind.CANCEL, {"note": "noticed at step boundary"})],
+        cost = self.state.usage.cost if self._charge is not None else None
+        noticed = self._charged(
+            lambda: transitions.run_notice_cancel(
+                self.lease,
+                events=[
+                    *finished,
+                    EventSpec(EventKind.CANCEL, {"note": "noticed at step boundary"}),
+                ],
+                cost=cost,
+            )
         )
+        if not noticed and self._charge is not None:
+            # The answer was received (and paid for) by a segment that lost its lease: the
+            # ledger still counts it; the run's events and cost do not (a zombie writes none).
+            pending, self._charge = self._charge, None
+            try:
+                budgets.charge(pending)
+            except DatabaseError:
+                logger.exception("run %s: could not charge a lost answer", self.lease.uuid)
         return Stop(Outcome.CANCELLED if noticed else Outcome.LEASE_LOST, dict(detail))
 
     # -- the loop --
@@ -474,15 +512,17 @@ class RunSegment(ProviderStep):
         same write. ``None``: settled."""
         if stop := self._flush():
             return stop
-        settled = transitions.run_settle(
-            run_id=self.lease.run_id,
-            lease=self.lease,
-            status=status,
-            reason=reason,
-            output=output,
-            error=error,
-            totals=totals(self.state, truncated=truncated),
-            events=events or (),
+        settled = self._charged(
+            lambda: transitions.run_settle(
+                run_id=self.lease.run_id,
+                lease=self.lease,
+                status=status,
+                reason=reason,
+                output=output,
+                error=error,
+                totals=totals(self.state, truncated=truncated),
+                events=events or (),
+            )
         )
         if not settled:
             return self._lost(completed=events)
