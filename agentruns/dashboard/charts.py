@@ -4,12 +4,10 @@ Each chart is one small function, query → series (``agentruns.dashboard.series
 (``agentruns.dashboard.svg``); ``CHARTS`` lists them. Adding one is a ``Chart`` in the list: its
 function must run a constant number of queries (one, so far) over a bounded window.
 
-Cost per configuration per day plugs in at ``COST_PER_CONFIGURATION`` below, once runs carry a
-cost: a ``series.cost_per_configuration_per_day(window)`` grouping ``AgentRun.cost`` by
-``configuration__name`` and ``TruncDate("finished_at")`` over the window (one query), drawn as a
-``stacked`` chart in the configuration's currency, placed in ``CHARTS`` where the comment says.
-A configuration's name is user-chosen text: it is only ever a series name, which the SVG and the
-table escape (``tests/agentruns/test_dashboard.py`` draws a hostile one).
+Cost per configuration per day reads the spend ledger (``SpendDay``), not the runs: a run that
+spans midnight is charged on the day of each call. A configuration's name is user-chosen text:
+it is only ever a series name, which the SVG and the table escape
+(``tests/agentruns/test_dashboard.py`` draws a hostile one).
 """
 
 from __future__ import annotations
@@ -72,7 +70,16 @@ REAPER_VERDICTS = Chart(
     kind="stacked",
     build=series.reaper_verdicts_per_day,
 )
-# COST_PER_CONFIGURATION = Chart(slug="cost-per-configuration", ...): see the module docstring.
+COST_PER_CONFIGURATION = Chart(
+    slug="cost-per-configuration",
+    title="Cost per configuration per day, last 14 days",
+    description=(
+        "What each configuration's model calls cost on each UTC day, stacked, in the "
+        "configured currency (the eight most expensive by name, the others summed)."
+    ),
+    kind="stacked",
+    build=series.cost_per_configuration_per_day,
+)
 WAITING_NOW = Chart(
     slug="waiting-now",
     title="Runs waiting now, by how long",
@@ -88,7 +95,7 @@ CHARTS: list[Chart] = [
     RUNS_PER_HOUR,
     APPROVAL_WAIT,
     REAPER_VERDICTS,
-    # COST_PER_CONFIGURATION goes here (after the cost branch is merged).
+    COST_PER_CONFIGURATION,
     WAITING_NOW,
 ]
 

@@ -3,8 +3,8 @@
 Every function takes a ``Window`` and answers a ``ChartData`` (x labels and named series of
 numbers, ``None`` where there is nothing to show). The number of queries is constant whatever the
 history's size: each function runs exactly one, over the window only (served by an index:
-``agentrun_status_finished`` for terminal runs, the partial indexes of migration 0018 for
-``approval`` and ``reaper`` events, ``agentrun_status_lease``/``agentrun_status_created`` for
+``agentrun_status_finished`` for terminal runs, the partial indexes of migration 0016 for
+``approval`` and ``reaper`` events, the spend ledger's ``(scope, key, day)`` index for the cost, ``agentrun_status_lease``/``agentrun_status_created`` for
 the waiting runs by status).
 
 Hours and days are those of the current time zone (``DJANGO_TIME_ZONE``, UTC by default, or the
@@ -20,12 +20,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
-from django.db.models import Count, OuterRef, Q, Subquery
+from django.db.models import Count, OuterRef, Q, Subquery, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import Now, TruncDate, TruncHour
 from django.utils import timezone
 
-from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
+from agentruns import budgets
+from agentruns.models import (
+    AgentConfiguration,
+    AgentRun,
+    AgentRunEvent,
+    EventKind,
+    SpendDay,
+    SpendScope,
+    Status,
+)
 
 HOURS = 24
 DAYS = 14
@@ -213,6 +222,52 @@ def reaper_verdicts_per_day(window: Window) -> ChartData:
             for verdict in verdicts
         ],
         unit="verdicts",
+    )
+
+
+#: The cost chart names this many configurations (the most expensive over the window); the rest
+#: are summed as one series, so a fleet of configurations still draws a legible chart.
+COST_SERIES = 8
+
+
+def cost_per_configuration_per_day(window: Window) -> ChartData:
+    """What each configuration's model calls cost on each of the last 14 days, from the spend
+    ledger (``SpendDay``, the rows the daily budgets are checked against; docs/design.md §14),
+    never from the events: one ``GROUP BY`` over the ledger's ``(scope, key, day)`` index, the
+    configuration's name read in the same query.
+
+    The ledger's days are UTC days by the database clock (a budget's day), whatever the page's
+    time zone; a call in flight counts what its reservation holds until its answer is charged.
+    """
+    today = window.now.astimezone(UTC).date()
+    days = [today - timedelta(days=n) for n in reversed(range(window.days))]
+    name = AgentConfiguration.objects.filter(pk=OuterRef("key")).values("name")[:1]
+    rows = (
+        SpendDay.objects.filter(scope=SpendScope.CONFIGURATION, day__gte=days[0])
+        .values("key", "day")
+        .annotate(total=Sum("amount"), name=Subquery(name))
+        .order_by()
+    )
+    amounts: dict[tuple[int, date], float] = {}
+    names: dict[int, str] = {}
+    for row in rows:
+        amounts[(row["key"], row["day"])] = float(row["total"] or 0)
+        names[row["key"]] = row["name"] or f"deleted configuration #{row['key']}"
+    by_total = sorted(names, key=lambda key: -sum(v for (k, _), v in amounts.items() if k == key))
+    shown, rest = by_total[:COST_SERIES], by_total[COST_SERIES:]
+    series = [Series(names[key], [amounts.get((key, d), 0.0) for d in days]) for key in shown]
+    if rest:
+        series.append(
+            Series(
+                f"{len(rest)} other configuration(s)",
+                [sum(amounts.get((key, d), 0.0) for key in rest) for d in days],
+            )
+        )
+    return ChartData(
+        x_labels=[_day_label(d) for d in days],
+        series=series,
+        unit=budgets.currency(),
+        notes=["UTC days (the budgets' days)"],
     )
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 from django.db.models import Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
+from agentruns.models import AgentRun, AgentRunEvent, EventKind, SpendDay, SpendScope, Status
 from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory
 
 
@@ -47,6 +48,13 @@ def history(size: int) -> None:
         AgentRunEvent(run=run, sequence=seq, kind=kind, payload={"verdict": "requeued"})
         for run in made
         for seq, kind in enumerate((EventKind.LLM, EventKind.APPROVAL, EventKind.REAPER))
+    )
+    today = now.astimezone(UTC).date()
+    SpendDay.objects.bulk_create(
+        SpendDay(
+            day=today - timedelta(days=n), scope=SpendScope.CONFIGURATION, key=configuration.pk
+        )
+        for n in range(min(size, 30))
     )
 
 
@@ -106,3 +114,20 @@ def varied_history(seed: int = 14) -> None:
             AgentRun.objects.filter(pk=run.pk).update(
                 updated_at=Now() - Value(timedelta(minutes=minutes))
             )
+    today = now.astimezone(UTC).date()
+    spenders = [
+        configuration,
+        AgentConfigurationFactory(slug="dashboard-support", name="Support desk"),
+        AgentConfigurationFactory(slug="dashboard-research", name="Research assistant"),
+    ]
+    SpendDay.objects.bulk_create(
+        SpendDay(
+            day=today - timedelta(days=day),
+            scope=SpendScope.CONFIGURATION,
+            key=spender.pk,
+            amount=Decimal(round(rnd.uniform(0.2, 4.0) * (n + 1), 6)).quantize(Decimal("0.000001")),
+            calls=rnd.randrange(10, 200),
+        )
+        for day in range(14)
+        for n, spender in enumerate(spenders)
+    )

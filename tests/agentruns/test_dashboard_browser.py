@@ -1,5 +1,5 @@
 """The dashboard in headless Chromium: a staff member logs in, follows the admin index's link,
-and sees four charts drawn with data — with JavaScript off, at 1280 and 400 px, without a console
+and sees every chart drawn with data — with JavaScript off, at 1280 and 400 px, without a console
 error, without a request leaving the server, and without a serious axe-core violation."""
 
 from __future__ import annotations
