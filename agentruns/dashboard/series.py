@@ -4,8 +4,8 @@ Every function takes a ``Window`` and answers a ``ChartData`` (x labels and name
 numbers, ``None`` where there is nothing to show). The number of queries is constant whatever the
 history's size: each function runs exactly one, over the window only (served by an index:
 ``agentrun_status_finished`` for terminal runs, the partial indexes of migration 0016 for
-``approval`` and ``reaper`` events, the spend ledger's ``(scope, key, day)`` index for the cost, ``agentrun_status_lease``/``agentrun_status_created`` for
-the waiting runs by status).
+``approval`` and ``reaper`` events, the spend ledger's ``(scope, key, day)`` index for the cost,
+``agentrun_status_lease``/``agentrun_status_created`` for the waiting runs by status).
 
 Hours and days are those of the current time zone (``DJANGO_TIME_ZONE``, UTC by default, or the
 user's own, ``agentruns.middleware``); windows end at the app server's clock, except the ages of
