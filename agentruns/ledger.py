@@ -10,7 +10,7 @@ transaction as the events, so removing the last events is detected too.
 
 This module is the only place that knows the format and the head column: the writer asks it for
 the links of the events it appends (``chain``) and writes ``HEAD_FIELD`` with them; the audit
-(``agentruns.audit``) recomputes them. Free of queries but ``read_head`` / ``write_head``.
+(``agentruns.audit``) recomputes them. Free of queries but ``read_tail`` / ``write_tail``.
 
 The format is version 1; a standalone verifier needs only this (README, "Verifying an export"):
 
@@ -196,20 +196,27 @@ def chain(
     return links, head
 
 
-# --- The head on the run row -------------------------------------------------------------------
+# --- The head (and the next sequence) on the run row ------------------------------------------
+
+#: The run column holding the sequence its next event takes (advanced with the head).
+SEQUENCE_FIELD = "next_sequence"
 
 
-def read_head(run_id: int) -> tuple[UUID, str]:
-    """The run's uuid and stored head (call while holding the row: lock, guard or lease). A run
-    whose head was never written (``""``) chains from its genesis value."""
+def read_tail(run_id: int) -> tuple[UUID, str, int]:
+    """The run's uuid, stored head and next sequence, in one read (call while holding the row:
+    lock, guard or lease). A run whose head was never written (``""``) chains from its genesis
+    value."""
     from agentruns.models import AgentRun
 
-    run_uuid, head = AgentRun.objects.filter(pk=run_id).values_list("uuid", HEAD_FIELD).get()
-    return run_uuid, head or genesis(run_uuid)
+    run_uuid, head, sequence = (
+        AgentRun.objects.filter(pk=run_id).values_list("uuid", HEAD_FIELD, SEQUENCE_FIELD).get()
+    )
+    return run_uuid, head or genesis(run_uuid), sequence
 
 
-def write_head(run_id: int, head: str) -> None:
-    """Store ``head`` on the run (in the transaction that appended the events it names)."""
+def write_tail(run_id: int, head: str, next_sequence: int) -> None:
+    """Store ``head`` and ``next_sequence`` on the run (in the transaction that appended the
+    events they name)."""
     from agentruns.models import AgentRun
 
-    AgentRun.objects.filter(pk=run_id).update(**{HEAD_FIELD: head})
+    AgentRun.objects.filter(pk=run_id).update(**{HEAD_FIELD: head, SEQUENCE_FIELD: next_sequence})

@@ -209,6 +209,10 @@ class AgentRun(models.Model):
     # The hash of the run's last event (``agentruns.ledger``): written with every event, in the
     # same guarded statement or transaction, so removing the last events is detected too.
     ledger_head = models.CharField(max_length=64, blank=True, default="", editable=False)
+    # The sequence the run's next event takes (its last event's + 1; 0 with none): advanced by
+    # the same guarded statement or transaction that appends events, so no writer reads
+    # ``MAX(sequence)`` (docs/design.md §1.10).
+    next_sequence = models.PositiveIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["-created_at"]

@@ -21,7 +21,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Max, Q, Value
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
 from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -59,12 +59,6 @@ def lease_deadline() -> ExpressionWrapper[CombinedExpression]:
         Now() + Value(timedelta(seconds=conf.get("LEASE_SECONDS"))),
         output_field=DateTimeField(),
     )
-
-
-def _next_sequence(run_id: int) -> int:
-    """The next free event sequence; call only while holding the run row (lock or guard)."""
-    last = AgentRunEvent.objects.filter(run_id=run_id).aggregate(m=Max("sequence"))["m"]
-    return 0 if last is None else last + 1
 
 
 # --- The step boundary: precompiled SQL -------------------------------------------------------
@@ -115,6 +109,9 @@ _EVENT_COLUMNS = (
     "hash",
 )
 _SEGMENT_GUARD = ("id", "status", "claimed_by", "lease_epoch")
+# A boundary that appends events also expects the run's next sequence to be the one its events
+# are numbered (and chained) from: an append it did not make cannot be forked.
+_EVENTS_GUARD = (*_SEGMENT_GUARD, ledger.SEQUENCE_FIELD)
 _DURATION: DurationField[timedelta, timedelta] = DurationField()
 _EVENT_BATCH = 100  # rows per INSERT, far below any backend's parameter limit
 _sql_cache: dict[tuple[Any, ...], str] = {}
@@ -202,10 +199,14 @@ def insert_events(
     return first_sequence + len(events)
 
 
-def _update_sql(db: BaseDatabaseWrapper, shape: tuple[tuple[str, DbValue | None], ...]) -> str:
+def _update_sql(
+    db: BaseDatabaseWrapper,
+    shape: tuple[tuple[str, DbValue | None], ...],
+    guard: tuple[str, ...] = _SEGMENT_GUARD,
+) -> str:
     """``UPDATE`` of the columns in ``shape`` (a ``DbValue`` or ``None`` for a parameter) under
-    the owner guard."""
-    key = ("update", db.vendor, shape)
+    ``guard`` (each field equal to a parameter; the owner guard by default)."""
+    key = ("update", db.vendor, shape, guard)
     if key not in _sql_cache:
         if db.vendor not in NOW_SQL:
             raise NotImplementedError(f"no boundary SQL for {db.vendor} (SQLite or PostgreSQL)")
@@ -221,19 +222,44 @@ def _update_sql(db: BaseDatabaseWrapper, shape: tuple[tuple[str, DbValue | None]
                 assignments.append(f"{column} = {column} + 1")
             else:
                 assignments.append(f"{column} = %s")
-        guard = " AND ".join(f"{quote(RUN_FIELDS[name].column)} = %s" for name in _SEGMENT_GUARD)
+        where = " AND ".join(f"{quote(RUN_FIELDS[name].column)} = %s" for name in guard)
         _sql_cache[key] = (
-            f"UPDATE {quote(AgentRun._meta.db_table)} SET {', '.join(assignments)} WHERE {guard}"
+            f"UPDATE {quote(AgentRun._meta.db_table)} SET {', '.join(assignments)} WHERE {where}"
         )
     return _sql_cache[key]
 
 
-def _segment_update(lease: Lease, values: Mapping[str, Any]) -> bool:
-    """The owner-guarded ``UPDATE`` of ``values`` (and ``updated_at``); whether it took the row.
+def _boundary_sql(
+    db: BaseDatabaseWrapper, shape: tuple[tuple[str, DbValue | None], ...], rows: int
+) -> str:
+    """PostgreSQL: the guarded ``UPDATE`` (under the owner guard and the expected next
+    sequence) and the INSERT of ``rows`` events as one statement: a data-modifying CTE whose
+    INSERT selects from the UPDATE's ``RETURNING``, so a guard that matches nothing inserts
+    nothing, and the INSERT's row count is the verdict."""
+    key = ("boundary", db.vendor, shape, rows)
+    if key not in _sql_cache:
+        quote = db.ops.quote_name
+        update = _update_sql(db, shape, _EVENTS_GUARD)
+        columns = ", ".join(quote(_EVENT_FIELDS[name].column) for name in _EVENT_COLUMNS)
+        # The VALUES list is typed (its literals are untyped text otherwise).
+        row = (
+            "("
+            + ", ".join(f"CAST(%s AS {_EVENT_FIELDS[n].db_type(db)})" for n in _EVENT_COLUMNS)
+            + ")"
+        )
+        _sql_cache[key] = (
+            f"WITH u AS ({update} RETURNING 1) "
+            f"INSERT INTO {quote(AgentRunEvent._meta.db_table)} ({columns}) "
+            f"SELECT v.* FROM u, (VALUES {', '.join([row] * rows)}) AS v"
+        )
+    return _sql_cache[key]
 
-    Guard: ``id``, ``running``, ``claimed_by`` = owner, ``lease_epoch`` = epoch.
-    """
-    db = connections[DEFAULT_DB_ALIAS]
+
+def _update_parts(
+    db: BaseDatabaseWrapper, values: Mapping[str, Any]
+) -> tuple[tuple[tuple[str, DbValue | None], ...], list[Any]]:
+    """The shape (``_update_sql``) and the SET parameters of an ``UPDATE`` of ``values`` and
+    ``updated_at``."""
     shape: list[tuple[str, DbValue | None]] = []
     params: list[Any] = []
     for name, value in {**values, "updated_at": DbValue.NOW}.items():
@@ -245,8 +271,21 @@ def _segment_update(lease: Lease, values: Mapping[str, Any]) -> bool:
         else:
             shape.append((name, None))
             params.append(RUN_FIELDS[name].get_db_prep_save(value, db))
-    params += [lease.run_id, str(Status.RUNNING), lease.owner, lease.epoch]
-    return _execute(db, _update_sql(db, tuple(shape)), params) == 1
+    return tuple(shape), params
+
+
+def _owner(lease: Lease) -> list[Any]:
+    return [lease.run_id, str(Status.RUNNING), lease.owner, lease.epoch]
+
+
+def _segment_update(lease: Lease, values: Mapping[str, Any]) -> bool:
+    """The owner-guarded ``UPDATE`` of ``values`` (and ``updated_at``); whether it took the row.
+
+    Guard: ``id``, ``running``, ``claimed_by`` = owner, ``lease_epoch`` = epoch.
+    """
+    db = connections[DEFAULT_DB_ALIAS]
+    shape, params = _update_parts(db, values)
+    return _execute(db, _update_sql(db, shape), params + _owner(lease)) == 1
 
 
 def segment_write(
@@ -257,32 +296,66 @@ def segment_write(
     loop_state: Mapping[str, Any] | None = None,
 ) -> bool:
     """A segment's own write (the step boundary): one owner-guarded ``UPDATE`` of ``values``
-    (and ``updated_at``, and ``loop_state`` when given) in precompiled SQL, then ``events`` signed
-    by the lease and numbered from its counter, in one transaction. ``False``: the guard matched
-    nothing; nothing was written."""
+    (and ``updated_at``, and ``loop_state`` when given) in precompiled SQL, and ``events`` signed
+    by the lease, numbered from its counter and chained from its head. ``False``: the guard
+    matched nothing; nothing was written.
+
+    With events the guard also expects the run's ``next_sequence`` to be the lease's counter,
+    and the same ``UPDATE`` advances it and writes the new ledger head. On PostgreSQL the
+    ``UPDATE`` and the INSERT are one statement (``_boundary_sql``) in autocommit: there is no
+    moment between them. On SQLite they are two statements in one (IMMEDIATE) transaction.
+    """
     if loop_state is not None:
         values = {**values, "loop_state": dict(loop_state)}
     events = list(events)
     if not events:
         return _segment_update(lease, values)
-    with transaction.atomic():
-        # The lease's head is exact while it is held (like its counter); a lease that does not
-        # know it (``None``) reads it first: nobody else appends while the guard can match.
-        prev = lease.head if lease.head is not None else ledger.read_head(lease.run_id)[1]
-        links, head = ledger.chain(
-            run_uuid=lease.uuid,
-            prev_hash=prev,
-            first_sequence=lease.next_sequence,
-            segment=lease.owner,
-            lease_epoch=lease.epoch,
-            events=events,
-        )
-        # The head is written by the guarded UPDATE itself: one statement with the state change.
-        if not _segment_update(lease, {**values, ledger.HEAD_FIELD: head}):
+    if lease.head is None:
+        # A lease that does not know the head (and so its counter) reads both from the row:
+        # nobody else appends while the guard can match (and if someone did, the sequence in
+        # the guard refuses the write).
+        _, lease.head, lease.next_sequence = ledger.read_tail(lease.run_id)
+    first = lease.next_sequence
+    links, head = ledger.chain(
+        run_uuid=lease.uuid,
+        prev_hash=lease.head,
+        first_sequence=first,
+        segment=lease.owner,
+        lease_epoch=lease.epoch,
+        events=events,
+    )
+    end = first + len(events)
+    db = connections[DEFAULT_DB_ALIAS]
+    shape, params = _update_parts(
+        db, {**values, ledger.HEAD_FIELD: head, ledger.SEQUENCE_FIELD: end}
+    )
+    guard = [*_owner(lease), first]
+    if db.vendor == "postgresql" and len(events) <= _EVENT_BATCH:
+        created = _EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
+        rows: list[Any] = []
+        for offset, spec in enumerate(events):
+            rows += event_row(
+                db,
+                lease.run_id,
+                first + offset,
+                spec,
+                (lease.owner, lease.epoch),
+                links[offset],
+                created,
+            )
+        sql = _boundary_sql(db, shape, len(events))
+        if db.in_atomic_block:  # inside a caller's transaction: a failure undoes only this
+            with transaction.atomic():
+                inserted = _execute(db, sql, params + guard + rows)
+        else:  # autocommit: the statement is its own transaction (no BEGIN/COMMIT)
+            inserted = _execute(db, sql, params + guard + rows)
+        if inserted != len(events):
             return False
-        end = insert_events(
-            lease.run_id, lease.next_sequence, lease.owner, lease.epoch, events, links
-        )
+    else:
+        with transaction.atomic():
+            if _execute(db, _update_sql(db, shape, _EVENTS_GUARD), params + guard) != 1:
+                return False
+            insert_events(lease.run_id, first, lease.owner, lease.epoch, events, links)
     lease.next_sequence, lease.head = end, head
     return True
 
@@ -310,14 +383,16 @@ def guarded_write(
     locked: AgentRun | None = None,
 ) -> bool:
     """Every other state change: one ``UPDATE`` of ``values`` (and ``updated_at``) on the run
-    ``run_id`` filtered by ``guard``, then ``events`` numbered from the table (the ``UPDATE`` holds
-    the row until commit) and chained from the run's head, which is written with them, in one
-    transaction. Events are signed ``segment``/``epoch``, or by ``lease`` (a claim just made),
-    whose counter and head then continue after them. ``False``: the guard matched nothing;
+    ``run_id`` filtered by ``guard``, then ``events`` numbered from the run's ``next_sequence``
+    (the ``UPDATE`` holds the row until commit) and chained from the run's head, both read in
+    one ``SELECT`` and written with the events, in one transaction. Events are signed
+    ``segment``/``epoch``, or by ``lease`` (a claim just made), whose counter and head then
+    continue after them. ``False``: the guard matched nothing;
     nothing was written.
 
     ``locked``: the run as the caller read it under its row lock (a decision): the events are
-    numbered and chained before the ``UPDATE``, which writes the head itself.
+    numbered and chained from its counter and head before the ``UPDATE``, which writes both
+    itself (no read).
 
     Inside a caller's transaction (the reaper's batch) the write is a savepoint, so a failure
     undoes only it; ``savepoint=False`` when the caller's transaction is the transition's own."""
@@ -326,24 +401,26 @@ def guarded_write(
     values = {name: _orm_value(name, value) for name, value in values.items()}
     with transaction.atomic(savepoint=savepoint):
         if events and locked is not None:
-            first = _next_sequence(run_id)
+            first = getattr(locked, ledger.SEQUENCE_FIELD)
             prev = getattr(locked, ledger.HEAD_FIELD) or ledger.genesis(locked.uuid)
             links, head = _chain(locked.uuid, prev, first, signer, events)
             values[ledger.HEAD_FIELD] = head
+            values[ledger.SEQUENCE_FIELD] = first + len(events)
         updated = AgentRun.objects.filter(Q(pk=run_id) & guard).update(**values, updated_at=Now())
         if updated != 1:
             return False
         if events:
             if locked is None:
-                first = _next_sequence(run_id)
-                # Under the row the UPDATE holds: the stored head is the last event's hash.
-                run_uuid, prev = ledger.read_head(run_id)
+                # Under the row the UPDATE holds: the stored head is the last event's hash and
+                # the stored counter the next free sequence.
+                run_uuid, prev, first = ledger.read_tail(run_id)
                 links, head = _chain(run_uuid, prev, first, signer, events)
             end = insert_events(run_id, first, *signer, events, links)
             if locked is None:
-                ledger.write_head(run_id, head)
+                ledger.write_tail(run_id, head, end)
             else:
                 setattr(locked, ledger.HEAD_FIELD, head)
+                setattr(locked, ledger.SEQUENCE_FIELD, end)
             if lease is not None:
                 lease.next_sequence, lease.head = end, head
     return True

@@ -73,7 +73,7 @@ def run_start(
             lease_expires=lease_deadline(),
             lease_epoch=1,
             started_at=Now(),
-            **{ledger.HEAD_FIELD: head},
+            **{ledger.HEAD_FIELD: head, ledger.SEQUENCE_FIELD: len(born)},
         )
         end = insert_events(run.pk, 0, identity, 1, born, links)
     return Lease(run.pk, run_uuid, identity, 1, next_sequence=end, head=head)
