@@ -24,6 +24,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
 from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
+from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from agentruns import conf, ledger
@@ -238,21 +239,51 @@ def _boundary_sql(
     nothing, and the INSERT's row count is the verdict."""
     key = ("boundary", db.vendor, shape, rows)
     if key not in _sql_cache:
-        quote = db.ops.quote_name
-        update = _update_sql(db, shape, _EVENTS_GUARD)
-        columns = ", ".join(quote(_EVENT_FIELDS[name].column) for name in _EVENT_COLUMNS)
-        # The VALUES list is typed (its literals are untyped text otherwise).
-        row = (
-            "("
-            + ", ".join(f"CAST(%s AS {_EVENT_FIELDS[n].db_type(db)})" for n in _EVENT_COLUMNS)
-            + ")"
-        )
-        _sql_cache[key] = (
-            f"WITH u AS ({update} RETURNING 1) "
-            f"INSERT INTO {quote(AgentRunEvent._meta.db_table)} ({columns}) "
-            f"SELECT v.* FROM u, (VALUES {', '.join([row] * rows)}) AS v"
-        )
+        _sql_cache[key] = _with_events_sql(db, _update_sql(db, shape, _EVENTS_GUARD), rows)
     return _sql_cache[key]
+
+
+def _with_events_sql(db: BaseDatabaseWrapper, update: str, rows: int) -> str:
+    """PostgreSQL: ``update`` (one guarded ``UPDATE``, any SQL) and the INSERT of ``rows``
+    events (parameters in ``_EVENT_COLUMNS`` order after the UPDATE's) as one statement."""
+    quote = db.ops.quote_name
+    columns = ", ".join(quote(_EVENT_FIELDS[name].column) for name in _EVENT_COLUMNS)
+    # The VALUES list is typed (its literals are untyped text otherwise).
+    row = (
+        "(" + ", ".join(f"CAST(%s AS {_EVENT_FIELDS[n].db_type(db)})" for n in _EVENT_COLUMNS) + ")"
+    )
+    return (
+        f"WITH u AS ({update} RETURNING 1) "
+        f"INSERT INTO {quote(AgentRunEvent._meta.db_table)} ({columns}) "
+        f"SELECT v.* FROM u, (VALUES {', '.join([row] * rows)}) AS v"
+    )
+
+
+def _event_rows(
+    db: BaseDatabaseWrapper,
+    run_id: int,
+    first: int,
+    signer: tuple[str, int],
+    events: list[EventSpec],
+    links: list[ledger.Link],
+) -> list[Any]:
+    """The parameters of ``events``' rows numbered from ``first`` (``_with_events_sql``)."""
+    created = _EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
+    rows: list[Any] = []
+    for offset, spec in enumerate(events):
+        rows += event_row(db, run_id, first + offset, spec, signer, links[offset], created)
+    return rows
+
+
+def _orm_update_sql(run_id: int, guard: Q, values: Mapping[str, Any]) -> tuple[str, list[Any]]:
+    """The SQL and parameters of ``AgentRun.objects.filter(pk=run_id, guard).update(values)``,
+    compiled by Django (values may be expressions: ``F``, ``Now()``, …) but not run."""
+    query = cast(
+        UpdateQuery, AgentRun.objects.filter(Q(pk=run_id) & guard).query.chain(UpdateQuery)
+    )
+    query.add_update_values(dict(values))
+    sql, params = query.get_compiler(DEFAULT_DB_ALIAS).as_sql()
+    return sql, list(params)
 
 
 def _update_parts(
@@ -278,14 +309,26 @@ def _owner(lease: Lease) -> list[Any]:
     return [lease.run_id, str(Status.RUNNING), lease.owner, lease.epoch]
 
 
-def _segment_update(lease: Lease, values: Mapping[str, Any]) -> bool:
+def _segment_update(
+    lease: Lease, values: Mapping[str, Any], written: list[AgentRun] | None = None
+) -> bool:
     """The owner-guarded ``UPDATE`` of ``values`` (and ``updated_at``); whether it took the row.
+    With ``written``, the row as the ``UPDATE`` left it is appended to it (``RETURNING``, the
+    same statement: no read back).
 
     Guard: ``id``, ``running``, ``claimed_by`` = owner, ``lease_epoch`` = epoch.
     """
     db = connections[DEFAULT_DB_ALIAS]
     shape, params = _update_parts(db, values)
-    return _execute(db, _update_sql(db, shape), params + _owner(lease)) == 1
+    sql, params = _update_sql(db, shape), params + _owner(lease)
+    if written is None:
+        return _execute(db, sql, params) == 1
+    quote = db.ops.quote_name
+    columns = ", ".join(quote(field.column) for field in RUN_FIELDS.values())
+    with transaction.mark_for_rollback_on_error(db.alias):
+        rows = list(AgentRun.objects.raw(f"{sql} RETURNING {columns}", params))
+    written += rows
+    return len(rows) == 1
 
 
 def segment_write(
@@ -294,11 +337,13 @@ def segment_write(
     events: Iterable[EventSpec] = (),
     *,
     loop_state: Mapping[str, Any] | None = None,
+    written: list[AgentRun] | None = None,
 ) -> bool:
     """A segment's own write (the step boundary): one owner-guarded ``UPDATE`` of ``values``
     (and ``updated_at``, and ``loop_state`` when given) in precompiled SQL, and ``events`` signed
     by the lease, numbered from its counter and chained from its head. ``False``: the guard
-    matched nothing; nothing was written.
+    matched nothing; nothing was written. ``written``: a write without events appends the row it
+    left to it (read by the ``UPDATE`` itself); with events it is left empty.
 
     With events the guard also expects the run's ``next_sequence`` to be the lease's counter,
     and the same ``UPDATE`` advances it and writes the new ledger head. On PostgreSQL the
@@ -309,7 +354,7 @@ def segment_write(
         values = {**values, "loop_state": dict(loop_state)}
     events = list(events)
     if not events:
-        return _segment_update(lease, values)
+        return _segment_update(lease, values, written)
     if lease.head is None:
         # A lease that does not know the head (and so its counter) reads both from the row:
         # nobody else appends while the guard can match (and if someone did, the sequence in
@@ -331,18 +376,7 @@ def segment_write(
     )
     guard = [*_owner(lease), first]
     if db.vendor == "postgresql" and len(events) <= _EVENT_BATCH:
-        created = _EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
-        rows: list[Any] = []
-        for offset, spec in enumerate(events):
-            rows += event_row(
-                db,
-                lease.run_id,
-                first + offset,
-                spec,
-                (lease.owner, lease.epoch),
-                links[offset],
-                created,
-            )
+        rows = _event_rows(db, lease.run_id, first, (lease.owner, lease.epoch), events, links)
         sql = _boundary_sql(db, shape, len(events))
         if db.in_atomic_block:  # inside a caller's transaction: a failure undoes only this
             with transaction.atomic():
@@ -399,6 +433,7 @@ def guarded_write(
     events = list(events)
     signer = (lease.owner, lease.epoch) if lease is not None else (segment, epoch)
     values = {name: _orm_value(name, value) for name, value in values.items()}
+    db = connections[DEFAULT_DB_ALIAS]
     with transaction.atomic(savepoint=savepoint):
         if events and locked is not None:
             first = getattr(locked, ledger.SEQUENCE_FIELD)
@@ -406,6 +441,15 @@ def guarded_write(
             links, head = _chain(locked.uuid, prev, first, signer, events)
             values[ledger.HEAD_FIELD] = head
             values[ledger.SEQUENCE_FIELD] = first + len(events)
+            if db.vendor == "postgresql" and len(events) <= _EVENT_BATCH:
+                # The UPDATE (as the ORM compiles it) and the events in one statement.
+                update, params = _orm_update_sql(run_id, guard, {**values, "updated_at": Now()})
+                rows = _event_rows(db, run_id, first, signer, events, links)
+                sql = _with_events_sql(db, update, len(events))
+                if _execute(db, sql, params + rows) != len(events):
+                    return False
+                _written(locked, lease, head, first + len(events))
+                return True
         updated = AgentRun.objects.filter(Q(pk=run_id) & guard).update(**values, updated_at=Now())
         if updated != 1:
             return False
@@ -418,12 +462,18 @@ def guarded_write(
             end = insert_events(run_id, first, *signer, events, links)
             if locked is None:
                 ledger.write_tail(run_id, head, end)
-            else:
-                setattr(locked, ledger.HEAD_FIELD, head)
-                setattr(locked, ledger.SEQUENCE_FIELD, end)
-            if lease is not None:
-                lease.next_sequence, lease.head = end, head
+            _written(locked, lease, head, end)
     return True
+
+
+def _written(locked: AgentRun | None, lease: Lease | None, head: str, end: int) -> None:
+    """After appending events: the locked run shows the new head and counter, and the lease
+    (a claim just made) continues after them."""
+    if locked is not None:
+        setattr(locked, ledger.HEAD_FIELD, head)
+        setattr(locked, ledger.SEQUENCE_FIELD, end)
+    if lease is not None:
+        lease.next_sequence, lease.head = end, head
 
 
 def _chain(

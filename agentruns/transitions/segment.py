@@ -204,11 +204,12 @@ def run_suspend(
     pending_turn: PendingTurn,
     loop_state: Mapping[str, Any],
     events: Iterable[EventSpec] = (),
+    written: list[AgentRun] | None = None,
 ) -> bool:
     """Park a running run in a ``waiting_for_*`` state with its pending turn; release the claim.
 
     ``False``: the run was cancelled or the lease lost meanwhile — fail closed, never announce a
-    resumable pause.
+    resumable pause. ``written``: see ``segment_write`` (the parked row, without a read back).
     """
     if status not in {Status.WAITING_FOR_APPROVAL, Status.WAITING_FOR_INPUT}:
         raise ValueError(f"cannot suspend into {status!r}")
@@ -222,6 +223,7 @@ def run_suspend(
         },
         events,
         loop_state=loop_state,
+        written=written,
     )
 
 

@@ -142,7 +142,9 @@ def insert_error(monkeypatch: pytest.MonkeyPatch) -> type[DatabaseError]:
     def refuse(*args: Any, **kwargs: Any) -> int:
         raise OperationalError("could not write to file: No space left on device")
 
-    monkeypatch.setattr(_writer, "insert_events", refuse)
+    # Every event row passes through ``event_row`` (on PostgreSQL the UPDATE and the INSERT
+    # are one statement, so this is where the insert can fail apart from the UPDATE).
+    monkeypatch.setattr(_writer, "event_row", refuse)
     return OperationalError
 
 

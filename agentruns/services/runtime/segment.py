@@ -88,11 +88,18 @@ class RunSegment(ProviderStep):
         *,
         retry: RetryScheduler | None = None,
         observer: EventObserver | None = None,
+        run: AgentRun | None = None,
     ) -> None:
         self.lease = lease
         self.retry = retry
         self.observer = observer
-        self.run: AgentRun = AgentRun.objects.select_related("configuration").get(pk=lease.run_id)
+        # ``run``: the row as a decision just locked and wrote it, with its configuration (read
+        # with it); otherwise read here.
+        self.run: AgentRun = (
+            run
+            if run is not None
+            else AgentRun.objects.select_related("configuration").get(pk=lease.run_id)
+        )
         # Identity over snapshot: the configuration is re-read on every segment.
         self.config: AgentConfiguration = self.run.configuration
         self.request: dict[str, Any] = (
@@ -108,6 +115,8 @@ class RunSegment(ProviderStep):
         # One session per remote server for this segment's calls (§4.5): closed when the
         # segment ends (``execute``) or learns its lease is lost (``_lost``).
         self.sessions: SessionScope | None = None
+        # The row a suspend left, returned by its UPDATE: the segment's result without a read.
+        self._parked: AgentRun | None = None
 
     # -- entry point --
 
@@ -125,7 +134,9 @@ class RunSegment(ProviderStep):
                 stop = Stop.of(Outcome.FAILED, error=exc.code)
             except Exception as exc:
                 stop = settle_internal_error(self.lease, self.state, exc)
-        return SegmentResult(stop.outcome, self._reload() if reload_run else self.run, stop.detail)
+        if not reload_run:
+            return SegmentResult(stop.outcome, self.run, stop.detail)
+        return SegmentResult(stop.outcome, self._parked or self._reload(), stop.detail)
 
     def _reload(self) -> AgentRun:
         return AgentRun.objects.select_related("configuration", "initiator").get(
@@ -438,9 +449,17 @@ class RunSegment(ProviderStep):
     def _suspend(self, status: str, pending: PendingTurn, outcome: str) -> Stop:
         if stop := self._flush():
             return stop
+        written: list[AgentRun] = []
         if transitions.run_suspend(
-            self.lease, status=status, pending_turn=pending, loop_state=self.state.to_json()
+            self.lease,
+            status=status,
+            pending_turn=pending,
+            loop_state=self.state.to_json(),
+            written=written,
         ):
+            if written:
+                self._parked = written[0]
+                self._parked.configuration = self.config  # as read by this segment
             return Stop(outcome)
         # Cancelled (or lost) meanwhile: never announce a resumable pause.
         lost = self._lost()
@@ -504,7 +523,10 @@ def continue_segment(
     retry: RetryScheduler | None = None,
     observer: EventObserver | None = None,
     reload_run: bool = True,
+    run: AgentRun | None = None,
 ) -> SegmentResult:
     """Run ``lease``'s run from its last step boundary until it pauses, ends or is lost.
-    ``reload_run=False``: see ``RunSegment.execute``."""
-    return RunSegment(lease, retry=retry, observer=observer).execute(reload_run=reload_run)
+    ``reload_run=False``: see ``RunSegment.execute``. ``run``: the row as the decision that
+    made ``lease`` locked and wrote it (``Decided.run``), instead of reading it again."""
+    segment = RunSegment(lease, retry=retry, observer=observer, run=run)
+    return segment.execute(reload_run=reload_run)
