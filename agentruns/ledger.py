@@ -27,8 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from agentruns.leases import EventSpec
@@ -55,15 +54,24 @@ def _json_key(key: Any) -> str:
 def _normalised(value: Any) -> Any:
     """``value`` as it reads back from either database after a JSON round trip — tuples as
     lists, keys as strings — with whole floats as integers. One walk, no serialising: this runs
-    for every event a boundary appends."""
+    for every event a boundary appends, so a dict's or a list's plain items (strings, integers,
+    booleans, null: most of a payload) are taken as they are, without a call each."""
     kind = type(value)
     if kind is dict:
-        return {
-            (key if type(key) is str else _json_key(key)): _normalised(item)
-            for key, item in value.items()
-        }
+        out = {}
+        for key, item in value.items():
+            plain = type(item)
+            if not (plain is str or plain is int or plain is bool or item is None):
+                item = _normalised(item)
+            out[key if type(key) is str else _json_key(key)] = item
+        return out
     if kind is list or kind is tuple:
-        return [_normalised(item) for item in value]
+        return [
+            item
+            if (type(item) is str or type(item) is int or type(item) is bool or item is None)
+            else _normalised(item)
+            for item in value
+        ]
     if kind is float:
         return int(value) if value.is_integer() else value
     if kind is str or kind is int or kind is bool or value is None:
@@ -158,9 +166,8 @@ def event_hash(
     )
 
 
-@dataclass(frozen=True)
-class Link:
-    """One appended event's place in the chain."""
+class Link(NamedTuple):
+    """One appended event's place in the chain (a tuple: built for every event appended)."""
 
     prev_hash: str
     hash: str
@@ -180,18 +187,22 @@ def chain(
     links = []
     head = prev_hash
     run_text = str(run_uuid).lower()
+    sha256 = hashlib.sha256
     for sequence, spec in enumerate(events, start=first_sequence):
-        text = canonical(
-            run_uuid=run_text,
-            sequence=sequence,
-            kind=str(spec.kind),
-            payload=canonical_payload(spec.payload),
-            segment=segment,
-            lease_epoch=lease_epoch,
-            actor_id=spec.actor_id,
+        # ``canonical`` and ``link``, inlined: this runs for every event a boundary appends.
+        text = _encode(
+            {
+                "run": run_text,
+                "sequence": sequence,
+                "kind": str(spec.kind),
+                "payload": _normalised(spec.payload),
+                "segment": segment,
+                "lease_epoch": lease_epoch,
+                "actor": spec.actor_id,
+            }
         )
-        current = link(head, text)
-        links.append(Link(prev_hash=head, hash=current))
+        current = sha256((head + text).encode("ascii")).hexdigest()
+        links.append(Link(head, current))
         head = current
     return links, head
 
