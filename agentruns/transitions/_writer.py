@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from datetime import timedelta
 from enum import Enum
 from typing import Any, ParamSpec, TypeVar, cast
@@ -246,6 +247,12 @@ def _boundary_sql(
 def _with_events_sql(db: BaseDatabaseWrapper, update: str, rows: int) -> str:
     """PostgreSQL: ``update`` (one guarded ``UPDATE``, any SQL) and the INSERT of ``rows``
     events (parameters in ``_EVENT_COLUMNS`` order after the UPDATE's) as one statement."""
+    return f"WITH u AS ({update} RETURNING 1) {_events_insert_sql(db, rows)}"
+
+
+def _events_insert_sql(db: BaseDatabaseWrapper, rows: int) -> str:
+    """The INSERT of ``rows`` events, one for each row of the CTE ``u`` (none when ``u`` is
+    empty: the guard matched nothing)."""
     quote = db.ops.quote_name
     columns = ", ".join(quote(_EVENT_FIELDS[name].column) for name in _EVENT_COLUMNS)
     # The VALUES list is typed (its literals are untyped text otherwise).
@@ -253,7 +260,6 @@ def _with_events_sql(db: BaseDatabaseWrapper, update: str, rows: int) -> str:
         "(" + ", ".join(f"CAST(%s AS {_EVENT_FIELDS[n].db_type(db)})" for n in _EVENT_COLUMNS) + ")"
     )
     return (
-        f"WITH u AS ({update} RETURNING 1) "
         f"INSERT INTO {quote(AgentRunEvent._meta.db_table)} ({columns}) "
         f"SELECT v.* FROM u, (VALUES {', '.join([row] * rows)}) AS v"
     )
@@ -323,12 +329,7 @@ def _segment_update(
     sql, params = _update_sql(db, shape), params + _owner(lease)
     if written is None:
         return _execute(db, sql, params) == 1
-    quote = db.ops.quote_name
-    columns = ", ".join(quote(field.column) for field in RUN_FIELDS.values())
-    with transaction.mark_for_rollback_on_error(db.alias):
-        rows = list(AgentRun.objects.raw(f"{sql} RETURNING {columns}", params))
-    written += rows
-    return len(rows) == 1
+    return _returned(f"{sql} RETURNING {_run_columns(db)}", params, written)
 
 
 def segment_write(
@@ -342,8 +343,8 @@ def segment_write(
     """A segment's own write (the step boundary): one owner-guarded ``UPDATE`` of ``values``
     (and ``updated_at``, and ``loop_state`` when given) in precompiled SQL, and ``events`` signed
     by the lease, numbered from its counter and chained from its head. ``False``: the guard
-    matched nothing; nothing was written. ``written``: a write without events appends the row it
-    left to it (read by the ``UPDATE`` itself); with events it is left empty.
+    matched nothing; nothing was written. ``written``: the row as the write left it is appended
+    to it (returned by the ``UPDATE`` itself, ``RETURNING``: no read back).
 
     With events the guard also expects the run's ``next_sequence`` to be the lease's counter,
     and the same ``UPDATE`` advances it and writes the new ledger head. On PostgreSQL the
@@ -378,20 +379,48 @@ def segment_write(
     if db.vendor == "postgresql" and len(events) <= _EVENT_BATCH:
         rows = _event_rows(db, lease.run_id, first, (lease.owner, lease.epoch), events, links)
         sql = _boundary_sql(db, shape, len(events))
-        if db.in_atomic_block:  # inside a caller's transaction: a failure undoes only this
-            with transaction.atomic():
-                inserted = _execute(db, sql, params + guard + rows)
-        else:  # autocommit: the statement is its own transaction (no BEGIN/COMMIT)
-            inserted = _execute(db, sql, params + guard + rows)
-        if inserted != len(events):
+        if written is not None:  # the row as the UPDATE left it, from the same statement
+            update = _update_sql(db, shape, _EVENTS_GUARD)
+            columns = _run_columns(db)
+            sql = (
+                f"WITH u AS ({update} RETURNING {columns}), "
+                f"e AS ({_events_insert_sql(db, len(events))}) SELECT {columns} FROM u"
+            )
+        with transaction.atomic() if db.in_atomic_block else nullcontext():
+            # Inside a caller's transaction a failure undoes only this (a savepoint); in
+            # autocommit the statement is its own transaction (no BEGIN/COMMIT).
+            if written is None:
+                taken = _execute(db, sql, params + guard + rows) == len(events)
+            else:
+                taken = _returned(sql, params + guard + rows, written)
+        if not taken:
             return False
     else:
         with transaction.atomic():
-            if _execute(db, _update_sql(db, shape, _EVENTS_GUARD), params + guard) != 1:
+            update = _update_sql(db, shape, _EVENTS_GUARD)
+            if written is None:
+                taken = _execute(db, update, params + guard) == 1
+            else:
+                taken = _returned(f"{update} RETURNING {_run_columns(db)}", params + guard, written)
+            if not taken:
                 return False
             insert_events(lease.run_id, first, lease.owner, lease.epoch, events, links)
     lease.next_sequence, lease.head = end, head
     return True
+
+
+def _run_columns(db: BaseDatabaseWrapper) -> str:
+    return ", ".join(db.ops.quote_name(field.column) for field in RUN_FIELDS.values())
+
+
+def _returned(sql: str, params: list[Any], written: list[AgentRun]) -> bool:
+    """Run a guarded ``UPDATE`` that returns the run's row (``RETURNING``); whether it took
+    the row, which is appended to ``written``."""
+    db = connections[DEFAULT_DB_ALIAS]
+    with transaction.mark_for_rollback_on_error(db.alias):
+        rows = list(AgentRun.objects.raw(sql, params))
+    written += rows
+    return len(rows) == 1
 
 
 def _orm_value(name: str, value: Any) -> Any:

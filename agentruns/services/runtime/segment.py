@@ -189,6 +189,20 @@ class RunSegment(ProviderStep):
             self._remember(spec)
         return None
 
+    def _defer(self, spec: EventSpec) -> None:
+        """Record ``spec`` with the next write (it joins the dialogue now)."""
+        self._deferred.append(spec)
+        self._remember(spec)
+
+    def _waits_for_approval(self) -> bool:
+        """The current turn goes to a decision before anything of it runs (``_run_turn``)."""
+        turn = self.state.turn
+        return (
+            turn is not None
+            and turn.approved is None
+            and any(self.gate.needs_approval(c.name) for c in turn.open_calls())
+        )
+
     def _flush(self) -> Stop | None:
         """Write deferred steps before a write that does not carry them (suspend, settle)."""
         return self._boundary([]) if self._deferred else None
@@ -447,22 +461,29 @@ class RunSegment(ProviderStep):
         return self._lost(completed=[doubt])
 
     def _suspend(self, status: str, pending: PendingTurn, outcome: str) -> Stop:
-        if stop := self._flush():
+        # Deferred steps (the answer that proposed the turn) are written with the suspend; a
+        # deferred fence clear needs a boundary of its own first.
+        if self._deferred_clear and (stop := self._flush()):
             return stop
+        carried, self._deferred = self._deferred, []
         written: list[AgentRun] = []
         if transitions.run_suspend(
             self.lease,
             status=status,
             pending_turn=pending,
             loop_state=self.state.to_json(),
+            events=carried,
             written=written,
         ):
             if written:
                 self._parked = written[0]
                 self._parked.configuration = self.config  # as read by this segment
+            if self.observer is not None:
+                for spec in carried:
+                    self.observer(spec)
             return Stop(outcome)
         # Cancelled (or lost) meanwhile: never announce a resumable pause.
-        lost = self._lost()
+        lost = self._lost(completed=carried)
         return lost if lost.outcome == Outcome.CANCELLED else Stop(Outcome.SUSPEND_FAILED)
 
     def _suspend_for_input(self, call: Call, tool: Tool) -> Stop:
