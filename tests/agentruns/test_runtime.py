@@ -855,3 +855,38 @@ def test_a_read_round_is_two_statements_on_postgresql():
         registry.unregister("noop_read")
 
     assert (five - two) / 3 <= 2
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)  # autocommit, as in production: no test savepoints
+def test_an_approved_write_round_is_at_most_eight_statements_on_postgresql():
+    """Issue 15: an approved write round (the answer, the suspend, the inline decision, the
+    continuing segment, the fence stamp and the boundary that clears it) is at most 8
+    statements on PostgreSQL: no MAX(sequence), the locked row handed on, nothing read back."""
+    noop = Tool(
+        "noop_write",
+        "Test: an idempotent write that does nothing.",
+        {"type": "object"},
+        Effect.IDEMPOTENT_WRITE,
+        lambda context, arguments: {"ok": True},
+    )
+    registry.register(noop)
+    try:
+        configuration = config(tools=["noop_write"])
+        staff = decider()
+        assert staff.has_perm("agentruns.decide_agentrun")  # caches the permissions
+
+        def statements(rounds: int) -> int:
+            turns = [tool_turn(call("noop_write", value=str(n))) for n in range(rounds)]
+            with CaptureQueriesContext(connection) as captured:
+                result = start(configuration, [*turns, {"content": "done"}])
+                while result.outcome == Outcome.AWAITING_APPROVAL:
+                    result = decide_inline(result.run, actor=staff)
+            assert result.outcome == Outcome.COMPLETED
+            return len(captured.captured_queries)
+
+        one, three = statements(1), statements(3)
+    finally:
+        registry.unregister("noop_write")
+
+    assert (three - one) / 2 <= 8
