@@ -339,6 +339,7 @@ def segment_write(
     *,
     loop_state: Mapping[str, Any] | None = None,
     written: list[AgentRun] | None = None,
+    await_commit: bool = False,
 ) -> bool:
     """A segment's own write (the step boundary): one owner-guarded ``UPDATE`` of ``values``
     (and ``updated_at``, and ``loop_state`` when given) in precompiled SQL, and ``events`` signed
@@ -350,6 +351,12 @@ def segment_write(
     and the same ``UPDATE`` advances it and writes the new ledger head. On PostgreSQL the
     ``UPDATE`` and the INSERT are one statement (``_boundary_sql``) in autocommit: there is no
     moment between them. On SQLite they are two statements in one (IMMEDIATE) transaction.
+
+    An autocommit statement the database has received completes even if the process that sent
+    it dies meanwhile (e.g. while it waits for the row): its guard still decides, and what it
+    records is what the segment did. ``await_commit`` keeps it in a transaction the segment
+    commits itself (``BEGIN``/``COMMIT`` around it), so a death before that ``COMMIT`` undoes it
+    (the boundary that records a non-idempotent write: the run is then in doubt, §9.1).
     """
     if loop_state is not None:
         values = {**values, "loop_state": dict(loop_state)}
@@ -386,7 +393,7 @@ def segment_write(
                 f"WITH u AS ({update} RETURNING {columns}), "
                 f"e AS ({_events_insert_sql(db, len(events))}) SELECT {columns} FROM u"
             )
-        with transaction.atomic() if db.in_atomic_block else nullcontext():
+        with transaction.atomic() if db.in_atomic_block or await_commit else nullcontext():
             # Inside a caller's transaction a failure undoes only this (a savepoint); in
             # autocommit the statement is its own transaction (no BEGIN/COMMIT).
             if written is None:

@@ -186,13 +186,21 @@ def run_clear_fence(
     *,
     loop_state: Mapping[str, Any] | None = None,
     events: Iterable[EventSpec] = (),
+    in_doubt_unless_committed: bool = False,
 ) -> bool:
-    """Clear the fence after the tool ran (a heartbeat too). ``False``: lease lost."""
+    """Clear the fence after the tool ran (a heartbeat too). ``False``: lease lost.
+
+    ``in_doubt_unless_committed`` (the fence of a non-idempotent write): the write commits only
+    on the segment's own ``COMMIT`` (``segment_write``'s ``await_commit``), so a segment that
+    dies while its boundary waits leaves the write in doubt for reconciliation (§9.1) rather
+    than landing after it died.
+    """
     return segment_write(
         lease,
         {"pending_effect": "", "pending_call": None, "lease_expires": DbValue.LEASE_DEADLINE},
         events,
         loop_state=loop_state,
+        await_commit=in_doubt_unless_committed,
     )
 
 

@@ -112,6 +112,9 @@ class RunSegment(ProviderStep):
         # once (the request before the next provider call): one write instead of two.
         self._deferred: list[EventSpec] = []
         self._deferred_clear = False
+        # The effect of the last write the segment stamped a fence for (its clear's boundary
+        # commits itself when it is non-idempotent: ``run_clear_fence``).
+        self._fenced_effect = ""
         # One session per remote server for this segment's calls (§4.5): closed when the
         # segment ends (``execute``) or learns its lease is lost (``_lost``).
         self.sessions: SessionScope | None = None
@@ -164,8 +167,18 @@ class RunSegment(ProviderStep):
         clear_fence = clear_fence or self._deferred_clear
         self._deferred_clear = False
         written = [*deferred, *events]
-        write = transitions.run_clear_fence if clear_fence else transitions.run_heartbeat
-        if not write(self.lease, loop_state=self.state.to_json(), events=written):
+        if clear_fence:
+            saved = transitions.run_clear_fence(
+                self.lease,
+                loop_state=self.state.to_json(),
+                events=written,
+                in_doubt_unless_committed=self._fenced_effect == Effect.NON_IDEMPOTENT_WRITE,
+            )
+        else:
+            saved = transitions.run_heartbeat(
+                self.lease, loop_state=self.state.to_json(), events=written
+            )
+        if not saved:
             return self._lost(completed=written)
         for spec in events:  # the deferred ones joined the dialogue when they were deferred
             self._remember(spec)
@@ -380,6 +393,8 @@ class RunSegment(ProviderStep):
         self, turn: Turn, call: Call, tool: Tool | None, arguments: Any, *, last_of_turn: bool
     ) -> Stop | None:
         effect = tool.effect if tool is not None else Effect.NON_IDEMPOTENT_WRITE
+        if effect in WRITE_EFFECTS:
+            self._fenced_effect = str(effect)
         step = execute_tool_call(
             tool=tool,
             name=call.name,
