@@ -486,20 +486,42 @@ def guarded_write(
                     return False
                 _written(locked, lease, head, first + len(events))
                 return True
-        updated = AgentRun.objects.filter(Q(pk=run_id) & guard).update(**values, updated_at=Now())
-        if updated != 1:
+        if events and locked is None:
+            # The UPDATE returns the run's uuid, head and counter, which it does not change:
+            # under the row it holds, the last event's hash and the next free sequence.
+            tail = _update_returning_tail(run_id, guard, {**values, "updated_at": Now()})
+            if tail is None:
+                return False
+            run_uuid, prev, first = tail
+            links, head = _chain(run_uuid, prev, first, signer, events)
+        elif AgentRun.objects.filter(Q(pk=run_id) & guard).update(**values, updated_at=Now()) != 1:
             return False
         if events:
-            if locked is None:
-                # Under the row the UPDATE holds: the stored head is the last event's hash and
-                # the stored counter the next free sequence.
-                run_uuid, prev, first = ledger.read_tail(run_id)
-                links, head = _chain(run_uuid, prev, first, signer, events)
             end = insert_events(run_id, first, *signer, events, links)
             if locked is None:
                 ledger.write_tail(run_id, head, end)
             _written(locked, lease, head, end)
     return True
+
+
+def _update_returning_tail(
+    run_id: int, guard: Q, values: Mapping[str, Any]
+) -> tuple[Any, str, int] | None:
+    """The guarded ``UPDATE`` (as the ORM compiles it) returning the run's uuid, ledger head
+    (the genesis value when never written) and next sequence, in one statement; ``None``: the
+    guard matched nothing."""
+    db = connections[DEFAULT_DB_ALIAS]
+    update, params = _orm_update_sql(run_id, guard, values)
+    names = ("uuid", ledger.HEAD_FIELD, ledger.SEQUENCE_FIELD)
+    returning = ", ".join(db.ops.quote_name(RUN_FIELDS[name].column) for name in names)
+    with transaction.mark_for_rollback_on_error(db.alias), db.cursor() as cursor:
+        cursor.execute(f"{update} RETURNING {returning}", params)
+        rows = cursor.fetchall()
+    if len(rows) != 1:
+        return None
+    stored_uuid, head, sequence = rows[0]
+    run_uuid = RUN_FIELDS["uuid"].to_python(stored_uuid)  # SQLite stores it as hex
+    return run_uuid, head or ledger.genesis(run_uuid), sequence
 
 
 def _written(locked: AgentRun | None, lease: Lease | None, head: str, end: int) -> None:
