@@ -186,20 +186,17 @@ def chain(
     and signed ``segment``/``lease_epoch``; and the new head."""
     links = []
     head = prev_hash
-    run_text = str(run_uuid).lower()
     sha256 = hashlib.sha256
+    # ``canonical`` and ``link``, inlined (this runs for every event a boundary appends): the
+    # record's keys in sorted order around the parts that change from event to event, the
+    # payload encoded by the same encoder. ``test_ledger`` holds it equal to ``canonical``.
+    middle = f',"lease_epoch":{_encode(lease_epoch)},"payload":'
+    tail = f',"run":{_encode(str(run_uuid).lower())},"segment":{_encode(segment)},"sequence":'
     for sequence, spec in enumerate(events, start=first_sequence):
-        # ``canonical`` and ``link``, inlined: this runs for every event a boundary appends.
-        text = _encode(
-            {
-                "run": run_text,
-                "sequence": sequence,
-                "kind": str(spec.kind),
-                "payload": _normalised(spec.payload),
-                "segment": segment,
-                "lease_epoch": lease_epoch,
-                "actor": spec.actor_id,
-            }
+        actor = "null" if spec.actor_id is None else _encode(spec.actor_id)
+        text = (
+            f'{{"actor":{actor},"kind":{_encode(str(spec.kind))}{middle}'
+            f"{_encode(_normalised(spec.payload))}{tail}{sequence}}}"
         )
         current = sha256((head + text).encode("ascii")).hexdigest()
         links.append(Link(head, current))
