@@ -10,7 +10,7 @@ transaction as the events, so removing the last events is detected too.
 
 This module is the only place that knows the format and the head column: the writer asks it for
 the links of the events it appends (``chain``) and writes ``HEAD_FIELD`` with them; the audit
-(``agentruns.audit``) recomputes them. Free of queries but ``read_head`` / ``write_head``.
+(``agentruns.audit``) recomputes them. Free of queries but ``read_tail`` / ``write_tail``.
 
 The format is version 1; a standalone verifier needs only this (README, "Verifying an export"):
 
@@ -27,8 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from agentruns.leases import EventSpec
@@ -55,15 +54,24 @@ def _json_key(key: Any) -> str:
 def _normalised(value: Any) -> Any:
     """``value`` as it reads back from either database after a JSON round trip — tuples as
     lists, keys as strings — with whole floats as integers. One walk, no serialising: this runs
-    for every event a boundary appends."""
+    for every event a boundary appends, so a dict's or a list's plain items (strings, integers,
+    booleans, null: most of a payload) are taken as they are, without a call each."""
     kind = type(value)
     if kind is dict:
-        return {
-            (key if type(key) is str else _json_key(key)): _normalised(item)
-            for key, item in value.items()
-        }
+        out = {}
+        for key, item in value.items():
+            plain = type(item)
+            if not (plain is str or plain is int or plain is bool or item is None):
+                item = _normalised(item)
+            out[key if type(key) is str else _json_key(key)] = item
+        return out
     if kind is list or kind is tuple:
-        return [_normalised(item) for item in value]
+        return [
+            item
+            if (type(item) is str or type(item) is int or type(item) is bool or item is None)
+            else _normalised(item)
+            for item in value
+        ]
     if kind is float:
         return int(value) if value.is_integer() else value
     if kind is str or kind is int or kind is bool or value is None:
@@ -158,9 +166,8 @@ def event_hash(
     )
 
 
-@dataclass(frozen=True)
-class Link:
-    """One appended event's place in the chain."""
+class Link(NamedTuple):
+    """One appended event's place in the chain (a tuple: built for every event appended)."""
 
     prev_hash: str
     hash: str
@@ -179,37 +186,45 @@ def chain(
     and signed ``segment``/``lease_epoch``; and the new head."""
     links = []
     head = prev_hash
-    run_text = str(run_uuid).lower()
+    sha256 = hashlib.sha256
+    # ``canonical`` and ``link``, inlined (this runs for every event a boundary appends): the
+    # record's keys in sorted order around the parts that change from event to event, the
+    # payload encoded by the same encoder. ``test_ledger`` holds it equal to ``canonical``.
+    middle = f',"lease_epoch":{_encode(lease_epoch)},"payload":'
+    tail = f',"run":{_encode(str(run_uuid).lower())},"segment":{_encode(segment)},"sequence":'
     for sequence, spec in enumerate(events, start=first_sequence):
-        text = canonical(
-            run_uuid=run_text,
-            sequence=sequence,
-            kind=str(spec.kind),
-            payload=canonical_payload(spec.payload),
-            segment=segment,
-            lease_epoch=lease_epoch,
-            actor_id=spec.actor_id,
+        actor = "null" if spec.actor_id is None else _encode(spec.actor_id)
+        text = (
+            f'{{"actor":{actor},"kind":{_encode(str(spec.kind))}{middle}'
+            f"{_encode(_normalised(spec.payload))}{tail}{sequence}}}"
         )
-        current = link(head, text)
-        links.append(Link(prev_hash=head, hash=current))
+        current = sha256((head + text).encode("ascii")).hexdigest()
+        links.append(Link(head, current))
         head = current
     return links, head
 
 
-# --- The head on the run row -------------------------------------------------------------------
+# --- The head (and the next sequence) on the run row ------------------------------------------
+
+#: The run column holding the sequence its next event takes (advanced with the head).
+SEQUENCE_FIELD = "next_sequence"
 
 
-def read_head(run_id: int) -> tuple[UUID, str]:
-    """The run's uuid and stored head (call while holding the row: lock, guard or lease). A run
-    whose head was never written (``""``) chains from its genesis value."""
+def read_tail(run_id: int) -> tuple[UUID, str, int]:
+    """The run's uuid, stored head and next sequence, in one read (call while holding the row:
+    lock, guard or lease). A run whose head was never written (``""``) chains from its genesis
+    value."""
     from agentruns.models import AgentRun
 
-    run_uuid, head = AgentRun.objects.filter(pk=run_id).values_list("uuid", HEAD_FIELD).get()
-    return run_uuid, head or genesis(run_uuid)
+    run_uuid, head, sequence = (
+        AgentRun.objects.filter(pk=run_id).values_list("uuid", HEAD_FIELD, SEQUENCE_FIELD).get()
+    )
+    return run_uuid, head or genesis(run_uuid), sequence
 
 
-def write_head(run_id: int, head: str) -> None:
-    """Store ``head`` on the run (in the transaction that appended the events it names)."""
+def write_tail(run_id: int, head: str, next_sequence: int) -> None:
+    """Store ``head`` and ``next_sequence`` on the run (in the transaction that appended the
+    events they name)."""
     from agentruns.models import AgentRun
 
-    AgentRun.objects.filter(pk=run_id).update(**{HEAD_FIELD: head})
+    AgentRun.objects.filter(pk=run_id).update(**{HEAD_FIELD: head, SEQUENCE_FIELD: next_sequence})

@@ -312,6 +312,10 @@ class AgentRun(models.Model):
     approval_timeout_action = models.CharField(
         max_length=8, choices=ApprovalTimeoutAction.choices, blank=True
     )
+    # The sequence the run's next event takes (its last event's + 1; 0 with none): advanced by
+    # the same guarded statement or transaction that appends events, so no writer reads
+    # ``MAX(sequence)`` (docs/design.md §1.10).
+    next_sequence = models.PositiveIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["-created_at"]

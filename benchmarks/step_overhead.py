@@ -234,6 +234,10 @@ def count_statements(workload: str, *, runs: int, rounds: int, config: Any, appr
             for sql in chunk:
                 if kind_of(sql) in stats.sql_lengths:
                     stats.sql_lengths[kind_of(sql)].append(len(sql))
+                elif kind_of(sql) == "WITH" and " INSERT INTO " in sql:  # UPDATE + INSERT
+                    update, insert = sql.split(" INSERT INTO ", 1)
+                    stats.sql_lengths["UPDATE"].append(len(update))
+                    stats.sql_lengths["INSERT"].append(len(insert))
             if index == 0 and start == counts[len(counts) // 2]:
                 stats.example = chunk
     return stats
@@ -253,6 +257,7 @@ def time_rounds(
     number of rounds, so that both see the same machine load."""
     counts = median_counter(stats.statements)
     updates, inserts = int(counts.get("UPDATE", 0)), int(counts.get("INSERT", 0))
+    updates, inserts = updates + int(counts.get("WITH", 0)), inserts + int(counts.get("WITH", 0))
     state = padded_json(int(statistics.median(stats.sql_lengths["UPDATE"] or [400])) // 2)
     payload = padded_json(int(statistics.median(stats.sql_lengths["INSERT"] or [400])) // 2)
     kinds = [kind_of(sql) for sql in stats.example]
@@ -310,6 +315,14 @@ class RawBaseline:
             self.insert_sql = (
                 "INSERT INTO bench_event (run_id, sequence, kind, payload, created_at)"
                 " VALUES (%s, %s, 'tool', %s::jsonb, statement_timestamp())"
+            )
+            # A boundary as one statement (the runtime's data-modifying CTE on PostgreSQL).
+            self.boundary_sql = (
+                "WITH u AS (UPDATE bench_run SET lease_expires = statement_timestamp()"
+                " + interval '60 s', loop_state = %s::jsonb, updated_at = statement_timestamp()"
+                " WHERE id = %s AND status = 'running' AND claimed_by = %s AND lease_epoch = %s"
+                " RETURNING 1) INSERT INTO bench_event (run_id, sequence, kind, payload,"
+                " created_at) SELECT %s, %s, 'tool', %s::jsonb, statement_timestamp() FROM u"
             )
             self.conn.execute(
                 "INSERT INTO bench_run (status, claimed_by, lease_epoch, loop_state)"
@@ -370,6 +383,10 @@ class RawBaseline:
                 self.sequence += 1
             elif kind == "SELECT":
                 self.conn.execute(select, (1,)).fetchall()
+            elif kind == "WITH":
+                params = (state, 1, "worker:h:1", 1, 1, self.sequence, payload)
+                assert self.conn.execute(self.boundary_sql, params).rowcount
+                self.sequence += 1
         return (time.perf_counter() - started) * 1000
 
     def close(self) -> None:
@@ -392,6 +409,7 @@ def median_counter(counters: list[Counter]) -> Counter:
 def report(workload: str, stats: RoundStats) -> dict[str, Any]:
     counts = median_counter(stats.statements)
     updates, inserts = int(counts.get("UPDATE", 0)), int(counts.get("INSERT", 0))
+    updates, inserts = updates + int(counts.get("WITH", 0)), inserts + int(counts.get("WITH", 0))
     raw = stats.raw_ms
     runtime_ms = statistics.median(stats.times_ms)
     raw_ms = statistics.median(raw)
@@ -423,7 +441,7 @@ def report(workload: str, stats: RoundStats) -> dict[str, Any]:
     lease_updates = sum(
         1
         for sql in stats.example
-        if kind_of(sql) == "UPDATE" and '"lease_epoch" = ' in sql.rsplit(" WHERE ", 1)[-1]
+        if kind_of(sql) in ("UPDATE", "WITH") and '"lease_epoch" = ' in sql.split(" WHERE ")[1]
     )
     print(
         f"  lease/fence accounting: {lease_updates} owner-guarded UPDATE(s) of the run row "

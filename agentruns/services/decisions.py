@@ -70,9 +70,8 @@ def _require_runnable(run: AgentRun, *, tools: bool) -> AgentConfiguration:
     its configuration was deactivated while it waited, or — ``tools``: the decision lets calls
     run — when a tool the turn shows as known is no longer registered. Cancel still works.
     Under the row lock (a decision's check); the configuration, read afresh."""
-    configuration = AgentConfiguration.objects.select_related("approver_group").get(
-        pk=run.configuration_id
-    )
+    # Read with the locked row, in the same statement (``transitions.decisions._lock_run``).
+    configuration = run.configuration
     if not configuration.is_active:
         raise UnreadableState("its configuration was deactivated while it waited; cancel it")
     if tools:
@@ -136,7 +135,8 @@ def hand_on(
             on_claim(decided.lease)
         if observer is not None and decided.event is not None:
             observer(decided.event)  # committed: a live trace shows the decision, then its steps
-        return continue_segment(decided.lease, observer=observer)
+        # The row the decision locked and wrote is handed on: not read again.
+        return continue_segment(decided.lease, observer=observer, run=decided.run)
     if decided.run.status == Status.QUEUED:
         dispatch.wake_after_commit(str(decided.run.uuid))
         return SegmentResult(Outcome.QUEUED, decided.run)
@@ -173,9 +173,7 @@ def run_decide(
             approved
             and run.initiator_id is not None
             and run.initiator_id == actor.pk
-            and AgentConfiguration.objects.filter(
-                pk=run.configuration_id, require_second_approver=True
-            ).exists()
+            and run.configuration.require_second_approver  # read with the locked row
         ):
             raise SelfApprovalRefused()
 

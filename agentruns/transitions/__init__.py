@@ -29,7 +29,6 @@ from __future__ import annotations
 from agentruns.transitions.checks import run_note_check
 from agentruns.transitions.deadlines import (
     run_expire_waiting,
-    run_suspend_with_deadline,
 )
 from agentruns.transitions.decisions import (
     run_decide,
@@ -84,6 +83,5 @@ __all__ = [
     "run_stamp_fence",
     "run_start",
     "run_suspend",
-    "run_suspend_with_deadline",
     "runs_reap_stale",
 ]

@@ -162,16 +162,18 @@ class BatchChain:
 
 def chain_batch_events(events: Mapping[int, EventSpec], *, segment: str, epoch: int) -> BatchChain:
     """Number and chain one event for each run keyed in ``events`` (two grouped reads: the last
-    sequences, and the uuids and heads). Call only while holding the runs' rows, before the
-    ``UPDATE`` that writes the heads (``BatchChain.heads``) with the verdict."""
+    sequences, and the uuids, heads and counters). Call only while holding the runs' rows,
+    before the ``UPDATE`` that writes the heads and the counters (``BatchChain.tails``) with the
+    verdict."""
     run_ids = list(events)
     sequences = next_sequences(run_ids)
-    stored = {
-        run_id: (run_uuid, head or ledger.genesis(run_uuid))
-        for run_id, run_uuid, head in AgentRun.objects.filter(pk__in=run_ids).values_list(
-            "pk", "uuid", ledger.HEAD_FIELD
-        )
-    }
+    stored = {}
+    for run_id, run_uuid, head, counter in AgentRun.objects.filter(pk__in=run_ids).values_list(
+        "pk", "uuid", ledger.HEAD_FIELD, ledger.SEQUENCE_FIELD
+    ):
+        stored[run_id] = (run_uuid, head or ledger.genesis(run_uuid))
+        # The run's counter, unless its events say it is behind (the reaper heals it).
+        sequences[run_id] = max(sequences[run_id], counter)
     links: dict[int, ledger.Link] = {}
     heads: dict[int, str] = {}
     for run_id, spec in events.items():
@@ -186,6 +188,15 @@ def chain_batch_events(events: Mapping[int, EventSpec], *, segment: str, epoch: 
         )
         links[run_id] = link
     return BatchChain(sequences=sequences, links=links, heads=heads)
+
+
+def tail_values(chained: BatchChain, run_id: int) -> dict[str, Any]:
+    """The run's ledger head and next sequence after its one event of the batch, for the
+    verdict's per-run values."""
+    return {
+        ledger.HEAD_FIELD: chained.heads[run_id],
+        ledger.SEQUENCE_FIELD: chained.sequences[run_id] + 1,
+    }
 
 
 def insert_batch_events(

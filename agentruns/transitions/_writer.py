@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
 from typing import Any, ParamSpec, TypeVar, cast
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Max, Q, Value
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
 from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
+from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from agentruns import conf, ledger
@@ -61,12 +64,6 @@ def lease_deadline() -> ExpressionWrapper[CombinedExpression]:
     )
 
 
-def _next_sequence(run_id: int) -> int:
-    """The next free event sequence; call only while holding the run row (lock or guard)."""
-    last = AgentRunEvent.objects.filter(run_id=run_id).aggregate(m=Max("sequence"))["m"]
-    return 0 if last is None else last + 1
-
-
 # --- The step boundary: precompiled SQL -------------------------------------------------------
 #
 # A step boundary is the runtime's most frequent write (two to five per round), so its
@@ -85,6 +82,15 @@ class DbValue(Enum):
     NOW = "now"  # the database clock
     LEASE_DEADLINE = "lease_deadline"  # the database clock + LEASE_SECONDS
     INCREMENT = "increment"  # the column + 1
+    LATER = "later"  # the database clock + a duration given with it (``Later``)
+
+
+@dataclass(frozen=True)
+class Later:
+    """A value the database computes: its clock + ``duration`` (e.g. an approval deadline),
+    written by the same ``UPDATE`` as the rest of a segment's write."""
+
+    duration: timedelta
 
 
 # The supported vendors (settings: SQLite or PostgreSQL). ``%%`` is a literal ``%``.
@@ -115,6 +121,9 @@ _EVENT_COLUMNS = (
     "hash",
 )
 _SEGMENT_GUARD = ("id", "status", "claimed_by", "lease_epoch")
+# A boundary that appends events also expects the run's next sequence to be the one its events
+# are numbered (and chained) from: an append it did not make cannot be forked.
+_EVENTS_GUARD = (*_SEGMENT_GUARD, ledger.SEQUENCE_FIELD)
 _DURATION: DurationField[timedelta, timedelta] = DurationField()
 _EVENT_BATCH = 100  # rows per INSERT, far below any backend's parameter limit
 _sql_cache: dict[tuple[Any, ...], str] = {}
@@ -202,10 +211,14 @@ def insert_events(
     return first_sequence + len(events)
 
 
-def _update_sql(db: BaseDatabaseWrapper, shape: tuple[tuple[str, DbValue | None], ...]) -> str:
+def _update_sql(
+    db: BaseDatabaseWrapper,
+    shape: tuple[tuple[str, DbValue | None], ...],
+    guard: tuple[str, ...] = _SEGMENT_GUARD,
+) -> str:
     """``UPDATE`` of the columns in ``shape`` (a ``DbValue`` or ``None`` for a parameter) under
-    the owner guard."""
-    key = ("update", db.vendor, shape)
+    ``guard`` (each field equal to a parameter; the owner guard by default)."""
+    key = ("update", db.vendor, shape, guard)
     if key not in _sql_cache:
         if db.vendor not in NOW_SQL:
             raise NotImplementedError(f"no boundary SQL for {db.vendor} (SQLite or PostgreSQL)")
@@ -215,29 +228,92 @@ def _update_sql(db: BaseDatabaseWrapper, shape: tuple[tuple[str, DbValue | None]
             column = quote(RUN_FIELDS[name].column)
             if computed is DbValue.NOW:
                 assignments.append(f"{column} = {NOW_SQL[db.vendor]}")
-            elif computed is DbValue.LEASE_DEADLINE:
+            elif computed in (DbValue.LEASE_DEADLINE, DbValue.LATER):
                 assignments.append(f"{column} = {DEADLINE_SQL[db.vendor]}")
             elif computed is DbValue.INCREMENT:
                 assignments.append(f"{column} = {column} + 1")
             else:
                 assignments.append(f"{column} = %s")
-        guard = " AND ".join(f"{quote(RUN_FIELDS[name].column)} = %s" for name in _SEGMENT_GUARD)
+        where = " AND ".join(f"{quote(RUN_FIELDS[name].column)} = %s" for name in guard)
         _sql_cache[key] = (
-            f"UPDATE {quote(AgentRun._meta.db_table)} SET {', '.join(assignments)} WHERE {guard}"
+            f"UPDATE {quote(AgentRun._meta.db_table)} SET {', '.join(assignments)} WHERE {where}"
         )
     return _sql_cache[key]
 
 
-def _segment_update(lease: Lease, values: Mapping[str, Any]) -> bool:
-    """The owner-guarded ``UPDATE`` of ``values`` (and ``updated_at``); whether it took the row.
+def _boundary_sql(
+    db: BaseDatabaseWrapper, shape: tuple[tuple[str, DbValue | None], ...], rows: int
+) -> str:
+    """PostgreSQL: the guarded ``UPDATE`` (under the owner guard and the expected next
+    sequence) and the INSERT of ``rows`` events as one statement: a data-modifying CTE whose
+    INSERT selects from the UPDATE's ``RETURNING``, so a guard that matches nothing inserts
+    nothing, and the INSERT's row count is the verdict."""
+    key = ("boundary", db.vendor, shape, rows)
+    if key not in _sql_cache:
+        _sql_cache[key] = _with_events_sql(db, _update_sql(db, shape, _EVENTS_GUARD), rows)
+    return _sql_cache[key]
 
-    Guard: ``id``, ``running``, ``claimed_by`` = owner, ``lease_epoch`` = epoch.
-    """
-    db = connections[DEFAULT_DB_ALIAS]
+
+def _with_events_sql(db: BaseDatabaseWrapper, update: str, rows: int) -> str:
+    """PostgreSQL: ``update`` (one guarded ``UPDATE``, any SQL) and the INSERT of ``rows``
+    events (parameters in ``_EVENT_COLUMNS`` order after the UPDATE's) as one statement."""
+    return f"WITH u AS ({update} RETURNING 1) {_events_insert_sql(db, rows)}"
+
+
+def _events_insert_sql(db: BaseDatabaseWrapper, rows: int) -> str:
+    """The INSERT of ``rows`` events, one for each row of the CTE ``u`` (none when ``u`` is
+    empty: the guard matched nothing)."""
+    quote = db.ops.quote_name
+    columns = ", ".join(quote(_EVENT_FIELDS[name].column) for name in _EVENT_COLUMNS)
+    # The VALUES list is typed (its literals are untyped text otherwise).
+    row = (
+        "(" + ", ".join(f"CAST(%s AS {_EVENT_FIELDS[n].db_type(db)})" for n in _EVENT_COLUMNS) + ")"
+    )
+    return (
+        f"INSERT INTO {quote(AgentRunEvent._meta.db_table)} ({columns}) "
+        f"SELECT v.* FROM u, (VALUES {', '.join([row] * rows)}) AS v"
+    )
+
+
+def _event_rows(
+    db: BaseDatabaseWrapper,
+    run_id: int,
+    first: int,
+    signer: tuple[str, int],
+    events: list[EventSpec],
+    links: list[ledger.Link],
+) -> list[Any]:
+    """The parameters of ``events``' rows numbered from ``first`` (``_with_events_sql``)."""
+    created = _EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
+    rows: list[Any] = []
+    for offset, spec in enumerate(events):
+        rows += event_row(db, run_id, first + offset, spec, signer, links[offset], created)
+    return rows
+
+
+def _orm_update_sql(run_id: int, guard: Q, values: Mapping[str, Any]) -> tuple[str, list[Any]]:
+    """The SQL and parameters of ``AgentRun.objects.filter(pk=run_id, guard).update(values)``,
+    compiled by Django (values may be expressions: ``F``, ``Now()``, …) but not run."""
+    query = cast(
+        UpdateQuery, AgentRun.objects.filter(Q(pk=run_id) & guard).query.chain(UpdateQuery)
+    )
+    query.add_update_values(dict(values))
+    sql, params = query.get_compiler(DEFAULT_DB_ALIAS).as_sql()
+    return sql, list(params)
+
+
+def _update_parts(
+    db: BaseDatabaseWrapper, values: Mapping[str, Any]
+) -> tuple[tuple[tuple[str, DbValue | None], ...], list[Any]]:
+    """The shape (``_update_sql``) and the SET parameters of an ``UPDATE`` of ``values`` and
+    ``updated_at``."""
     shape: list[tuple[str, DbValue | None]] = []
     params: list[Any] = []
     for name, value in {**values, "updated_at": DbValue.NOW}.items():
-        if isinstance(value, DbValue):
+        if isinstance(value, Later):
+            shape.append((name, DbValue.LATER))
+            params.append(_DURATION.get_db_prep_value(value.duration, db))
+        elif isinstance(value, DbValue):
             shape.append((name, value))
             if value is DbValue.LEASE_DEADLINE:
                 deadline = timedelta(seconds=conf.get("LEASE_SECONDS"))
@@ -245,8 +321,28 @@ def _segment_update(lease: Lease, values: Mapping[str, Any]) -> bool:
         else:
             shape.append((name, None))
             params.append(RUN_FIELDS[name].get_db_prep_save(value, db))
-    params += [lease.run_id, str(Status.RUNNING), lease.owner, lease.epoch]
-    return _execute(db, _update_sql(db, tuple(shape)), params) == 1
+    return tuple(shape), params
+
+
+def _owner(lease: Lease) -> list[Any]:
+    return [lease.run_id, str(Status.RUNNING), lease.owner, lease.epoch]
+
+
+def _segment_update(
+    lease: Lease, values: Mapping[str, Any], written: list[AgentRun] | None = None
+) -> bool:
+    """The owner-guarded ``UPDATE`` of ``values`` (and ``updated_at``); whether it took the row.
+    With ``written``, the row as the ``UPDATE`` left it is appended to it (``RETURNING``, the
+    same statement: no read back).
+
+    Guard: ``id``, ``running``, ``claimed_by`` = owner, ``lease_epoch`` = epoch.
+    """
+    db = connections[DEFAULT_DB_ALIAS]
+    shape, params = _update_parts(db, values)
+    sql, params = _update_sql(db, shape), params + _owner(lease)
+    if written is None:
+        return _execute(db, sql, params) == 1
+    return _returned(f"{sql} RETURNING {_run_columns(db)}", params, written)
 
 
 def segment_write(
@@ -255,39 +351,101 @@ def segment_write(
     events: Iterable[EventSpec] = (),
     *,
     loop_state: Mapping[str, Any] | None = None,
+    written: list[AgentRun] | None = None,
+    await_commit: bool = False,
 ) -> bool:
     """A segment's own write (the step boundary): one owner-guarded ``UPDATE`` of ``values``
-    (and ``updated_at``, and ``loop_state`` when given) in precompiled SQL, then ``events`` signed
-    by the lease and numbered from its counter, in one transaction. ``False``: the guard matched
-    nothing; nothing was written."""
+    (and ``updated_at``, and ``loop_state`` when given) in precompiled SQL, and ``events`` signed
+    by the lease, numbered from its counter and chained from its head. ``False``: the guard
+    matched nothing; nothing was written. ``written``: the row as the write left it is appended
+    to it (returned by the ``UPDATE`` itself, ``RETURNING``: no read back).
+
+    With events the guard also expects the run's ``next_sequence`` to be the lease's counter,
+    and the same ``UPDATE`` advances it and writes the new ledger head. On PostgreSQL the
+    ``UPDATE`` and the INSERT are one statement (``_boundary_sql``) in autocommit: there is no
+    moment between them. On SQLite they are two statements in one (IMMEDIATE) transaction.
+
+    An autocommit statement the database has received completes even if the process that sent
+    it dies meanwhile (e.g. while it waits for the row): its guard still decides, and what it
+    records is what the segment did. ``await_commit`` keeps it in a transaction the segment
+    commits itself (``BEGIN``/``COMMIT`` around it), so a death before that ``COMMIT`` undoes it
+    (the boundary that records a non-idempotent write: the run is then in doubt, §9.1).
+    """
     if loop_state is not None:
         values = {**values, "loop_state": dict(loop_state)}
     events = list(events)
     if not events:
-        return _segment_update(lease, values)
-    with transaction.atomic():
-        # The lease's head is exact while it is held (like its counter); a lease that does not
-        # know it (``None``) reads it first: nobody else appends while the guard can match.
-        prev = lease.head if lease.head is not None else ledger.read_head(lease.run_id)[1]
-        links, head = ledger.chain(
-            run_uuid=lease.uuid,
-            prev_hash=prev,
-            first_sequence=lease.next_sequence,
-            segment=lease.owner,
-            lease_epoch=lease.epoch,
-            events=events,
-        )
-        # The head is written by the guarded UPDATE itself: one statement with the state change.
-        if not _segment_update(lease, {**values, ledger.HEAD_FIELD: head}):
+        return _segment_update(lease, values, written)
+    if lease.head is None:
+        # A lease that does not know the head (and so its counter) reads both from the row:
+        # nobody else appends while the guard can match (and if someone did, the sequence in
+        # the guard refuses the write).
+        _, lease.head, lease.next_sequence = ledger.read_tail(lease.run_id)
+    first = lease.next_sequence
+    links, head = ledger.chain(
+        run_uuid=lease.uuid,
+        prev_hash=lease.head,
+        first_sequence=first,
+        segment=lease.owner,
+        lease_epoch=lease.epoch,
+        events=events,
+    )
+    end = first + len(events)
+    db = connections[DEFAULT_DB_ALIAS]
+    shape, params = _update_parts(
+        db, {**values, ledger.HEAD_FIELD: head, ledger.SEQUENCE_FIELD: end}
+    )
+    guard = [*_owner(lease), first]
+    if db.vendor == "postgresql" and len(events) <= _EVENT_BATCH:
+        rows = _event_rows(db, lease.run_id, first, (lease.owner, lease.epoch), events, links)
+        sql = _boundary_sql(db, shape, len(events))
+        if written is not None:  # the row as the UPDATE left it, from the same statement
+            update = _update_sql(db, shape, _EVENTS_GUARD)
+            columns = _run_columns(db)
+            sql = (
+                f"WITH u AS ({update} RETURNING {columns}), "
+                f"e AS ({_events_insert_sql(db, len(events))}) SELECT {columns} FROM u"
+            )
+        with transaction.atomic() if db.in_atomic_block or await_commit else nullcontext():
+            # Inside a caller's transaction a failure undoes only this (a savepoint); in
+            # autocommit the statement is its own transaction (no BEGIN/COMMIT).
+            if written is None:
+                taken = _execute(db, sql, params + guard + rows) == len(events)
+            else:
+                taken = _returned(sql, params + guard + rows, written)
+        if not taken:
             return False
-        end = insert_events(
-            lease.run_id, lease.next_sequence, lease.owner, lease.epoch, events, links
-        )
+    else:
+        with transaction.atomic():
+            update = _update_sql(db, shape, _EVENTS_GUARD)
+            if written is None:
+                taken = _execute(db, update, params + guard) == 1
+            else:
+                taken = _returned(f"{update} RETURNING {_run_columns(db)}", params + guard, written)
+            if not taken:
+                return False
+            insert_events(lease.run_id, first, lease.owner, lease.epoch, events, links)
     lease.next_sequence, lease.head = end, head
     return True
 
 
+def _run_columns(db: BaseDatabaseWrapper) -> str:
+    return ", ".join(db.ops.quote_name(field.column) for field in RUN_FIELDS.values())
+
+
+def _returned(sql: str, params: list[Any], written: list[AgentRun]) -> bool:
+    """Run a guarded ``UPDATE`` that returns the run's row (``RETURNING``); whether it took
+    the row, which is appended to ``written``."""
+    db = connections[DEFAULT_DB_ALIAS]
+    with transaction.mark_for_rollback_on_error(db.alias):
+        rows = list(AgentRun.objects.raw(sql, params))
+    written += rows
+    return len(rows) == 1
+
+
 def _orm_value(name: str, value: Any) -> Any:
+    if isinstance(value, Later):
+        return ExpressionWrapper(Now() + Value(value.duration), output_field=DateTimeField())
     if value is DbValue.NOW:
         return Now()
     if value is DbValue.LEASE_DEADLINE:
@@ -310,43 +468,85 @@ def guarded_write(
     locked: AgentRun | None = None,
 ) -> bool:
     """Every other state change: one ``UPDATE`` of ``values`` (and ``updated_at``) on the run
-    ``run_id`` filtered by ``guard``, then ``events`` numbered from the table (the ``UPDATE`` holds
-    the row until commit) and chained from the run's head, which is written with them, in one
-    transaction. Events are signed ``segment``/``epoch``, or by ``lease`` (a claim just made),
-    whose counter and head then continue after them. ``False``: the guard matched nothing;
+    ``run_id`` filtered by ``guard``, then ``events`` numbered from the run's ``next_sequence``
+    (the ``UPDATE`` holds the row until commit) and chained from the run's head, both read in
+    one ``SELECT`` and written with the events, in one transaction. Events are signed
+    ``segment``/``epoch``, or by ``lease`` (a claim just made), whose counter and head then
+    continue after them. ``False``: the guard matched nothing;
     nothing was written.
 
     ``locked``: the run as the caller read it under its row lock (a decision): the events are
-    numbered and chained before the ``UPDATE``, which writes the head itself.
+    numbered and chained from its counter and head before the ``UPDATE``, which writes both
+    itself (no read).
 
     Inside a caller's transaction (the reaper's batch) the write is a savepoint, so a failure
     undoes only it; ``savepoint=False`` when the caller's transaction is the transition's own."""
     events = list(events)
     signer = (lease.owner, lease.epoch) if lease is not None else (segment, epoch)
     values = {name: _orm_value(name, value) for name, value in values.items()}
+    db = connections[DEFAULT_DB_ALIAS]
     with transaction.atomic(savepoint=savepoint):
         if events and locked is not None:
-            first = _next_sequence(run_id)
+            first = getattr(locked, ledger.SEQUENCE_FIELD)
             prev = getattr(locked, ledger.HEAD_FIELD) or ledger.genesis(locked.uuid)
             links, head = _chain(locked.uuid, prev, first, signer, events)
             values[ledger.HEAD_FIELD] = head
-        updated = AgentRun.objects.filter(Q(pk=run_id) & guard).update(**values, updated_at=Now())
-        if updated != 1:
+            values[ledger.SEQUENCE_FIELD] = first + len(events)
+            if db.vendor == "postgresql" and len(events) <= _EVENT_BATCH:
+                # The UPDATE (as the ORM compiles it) and the events in one statement.
+                update, params = _orm_update_sql(run_id, guard, {**values, "updated_at": Now()})
+                rows = _event_rows(db, run_id, first, signer, events, links)
+                sql = _with_events_sql(db, update, len(events))
+                if _execute(db, sql, params + rows) != len(events):
+                    return False
+                _written(locked, lease, head, first + len(events))
+                return True
+        if events and locked is None:
+            # The UPDATE returns the run's uuid, head and counter, which it does not change:
+            # under the row it holds, the last event's hash and the next free sequence.
+            tail = _update_returning_tail(run_id, guard, {**values, "updated_at": Now()})
+            if tail is None:
+                return False
+            run_uuid, prev, first = tail
+            links, head = _chain(run_uuid, prev, first, signer, events)
+        elif AgentRun.objects.filter(Q(pk=run_id) & guard).update(**values, updated_at=Now()) != 1:
             return False
         if events:
-            if locked is None:
-                first = _next_sequence(run_id)
-                # Under the row the UPDATE holds: the stored head is the last event's hash.
-                run_uuid, prev = ledger.read_head(run_id)
-                links, head = _chain(run_uuid, prev, first, signer, events)
             end = insert_events(run_id, first, *signer, events, links)
             if locked is None:
-                ledger.write_head(run_id, head)
-            else:
-                setattr(locked, ledger.HEAD_FIELD, head)
-            if lease is not None:
-                lease.next_sequence, lease.head = end, head
+                ledger.write_tail(run_id, head, end)
+            _written(locked, lease, head, end)
     return True
+
+
+def _update_returning_tail(
+    run_id: int, guard: Q, values: Mapping[str, Any]
+) -> tuple[Any, str, int] | None:
+    """The guarded ``UPDATE`` (as the ORM compiles it) returning the run's uuid, ledger head
+    (the genesis value when never written) and next sequence, in one statement; ``None``: the
+    guard matched nothing."""
+    db = connections[DEFAULT_DB_ALIAS]
+    update, params = _orm_update_sql(run_id, guard, values)
+    names = ("uuid", ledger.HEAD_FIELD, ledger.SEQUENCE_FIELD)
+    returning = ", ".join(db.ops.quote_name(RUN_FIELDS[name].column) for name in names)
+    with transaction.mark_for_rollback_on_error(db.alias), db.cursor() as cursor:
+        cursor.execute(f"{update} RETURNING {returning}", params)
+        rows = cursor.fetchall()
+    if len(rows) != 1:
+        return None
+    stored_uuid, head, sequence = rows[0]
+    run_uuid = RUN_FIELDS["uuid"].to_python(stored_uuid)  # SQLite stores it as hex
+    return run_uuid, head or ledger.genesis(run_uuid), sequence
+
+
+def _written(locked: AgentRun | None, lease: Lease | None, head: str, end: int) -> None:
+    """After appending events: the locked run shows the new head and counter, and the lease
+    (a claim just made) continues after them."""
+    if locked is not None:
+        setattr(locked, ledger.HEAD_FIELD, head)
+        setattr(locked, ledger.SEQUENCE_FIELD, end)
+    if lease is not None:
+        lease.next_sequence, lease.head = end, head
 
 
 def _chain(

@@ -1,8 +1,9 @@
 """Approval deadlines (docs/design.md §5.11): fixing a waiting run's deadline when it suspends,
 and settling it once the deadline passed.
 
-* ``run_suspend_with_deadline`` — ``run_suspend`` and the deadline in one transaction: the run
-  never waits without the deadline its configuration gave it when it started waiting.
+* ``WaitDeadline`` — what a configuration says about waiting, which ``run_suspend`` writes in
+  its own ``UPDATE``: the run never waits without the deadline its configuration gave it when
+  it started waiting.
 * ``run_expire_waiting`` — the reaper's settle of one overdue run, under its row lock (``SKIP
   LOCKED``): deny on behalf of the deadline (``queued``, the denial in the loop state) or fail
   (``failed`` / ``approval_expired``), with the decision event, chained like every event.
@@ -14,17 +15,16 @@ A run waiting for reconciliation (an in-doubt write) is never subject to a deadl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 from django.db import transaction
-from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
+from django.db.models import Q
 from django.db.models.functions import Now
 
-from agentruns.leases import EventSpec, Lease
+from agentruns.leases import EventSpec
 from agentruns.models import (
     DEADLINE_STATUSES,
     AgentConfiguration,
@@ -35,7 +35,6 @@ from agentruns.models import (
     TerminationReason,
 )
 from agentruns.transitions._writer import DbValue, guarded_write, state_write
-from agentruns.transitions.segment import run_suspend
 from agentruns.turns import (
     DEADLINE,
     INPUT,
@@ -64,42 +63,6 @@ class WaitDeadline:
         if action not in ApprovalTimeoutAction.values:
             action = ApprovalTimeoutAction.FAIL  # unknown: the safe ending
         return cls(timeout=timeout, action=str(action))
-
-    def values(self) -> dict[str, Any]:
-        """The run columns that fix it: ``Now() + timeout`` on the database clock, or none."""
-        if self.timeout is None:
-            return {"approval_deadline": None, "approval_timeout_action": ""}
-        deadline = ExpressionWrapper(Now() + Value(self.timeout), output_field=DateTimeField())
-        return {"approval_deadline": deadline, "approval_timeout_action": self.action}
-
-
-@state_write
-def run_suspend_with_deadline(
-    lease: Lease,
-    *,
-    status: str,
-    pending_turn: PendingTurn,
-    loop_state: Mapping[str, Any],
-    deadline: WaitDeadline,
-) -> bool:
-    """``run_suspend`` and the run's deadline, in one transaction: the suspend's owner-guarded
-    ``UPDATE`` (and its events), then ``approval_deadline`` = ``Now() + timeout`` (null without
-    a timeout, so an earlier wait's deadline never carries over) and the action, guarded by the
-    state the suspend just wrote (``status``, unclaimed, the same epoch) while its row lock is
-    held. ``False``: the suspend matched nothing (cancelled or lease lost) — nothing written.
-    A crash between the two statements rolls both back: the run is still ``running`` under a
-    lease that runs out, and the reaper continues it from its last boundary."""
-    with transaction.atomic():
-        if not run_suspend(lease, status=status, pending_turn=pending_turn, loop_state=loop_state):
-            return False
-        if not guarded_write(
-            lease.run_id,
-            Q(status=status, claimed_by="", lease_epoch=lease.epoch),
-            deadline.values(),
-            savepoint=False,
-        ):  # pragma: no cover - impossible: the suspend's UPDATE holds the row
-            raise AssertionError("the suspended run changed under its own transaction")
-    return True
 
 
 def past_deadline(run: AgentRun) -> bool:

@@ -42,8 +42,15 @@ from agentruns.turns import (
 
 
 def _lock_run(run_uuid: UUID | str) -> AgentRun:
+    """The run, locked, with its configuration (and approver group) read in the same statement
+    (not locked: ``FOR UPDATE OF`` the run only). A decision's checks read the configuration
+    from here, and an inline continuation gets the row as it stands (no second read)."""
     try:
-        return AgentRun.objects.select_for_update().get(uuid=run_uuid)
+        return (
+            AgentRun.objects.select_for_update(of=("self",))
+            .select_related("configuration__approver_group")
+            .get(uuid=run_uuid)
+        )
     except (AgentRun.DoesNotExist, ValidationError, ValueError) as exc:
         raise RunNotFound() from exc
 

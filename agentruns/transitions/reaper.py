@@ -12,7 +12,6 @@ from django.db import connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
 from django.db.models.functions import Now
 
-from agentruns import ledger
 from agentruns.leases import EventSpec
 from agentruns.models import (
     AgentRun,
@@ -27,6 +26,7 @@ from agentruns.transitions._batch import (
     insert_batch_events,
     now_sql,
     stale_guard_sql,
+    tail_values,
 )
 from agentruns.transitions._writer import (
     DbValue,
@@ -67,7 +67,6 @@ def runs_reap_stale(
     event. Call only while holding the runs' rows (the batch's ``FOR UPDATE``).
     """
     stale_params = [str(Status.RUNNING)]
-    heads = ledger.HEAD_FIELD
     with transaction.atomic():
         # Numbered and chained before the UPDATEs, which write each run's new ledger head with
         # its verdict: a run an UPDATE skips keeps its head and gets no event.
@@ -81,7 +80,7 @@ def runs_reap_stale(
                 "lease_expires": None,
             },
             per_run={
-                run_id: {"pending_turn": turn.to_json(), heads: chained.heads[run_id]}
+                run_id: {"pending_turn": turn.to_json(), **tail_values(chained, run_id)}
                 for run_id, turn in in_doubt.items()
             },
         )
@@ -102,7 +101,7 @@ def runs_reap_stale(
                 run_id: {
                     "termination_reason": reason,
                     "error": dict(error),
-                    heads: chained.heads[run_id],
+                    **tail_values(chained, run_id),
                 }
                 for run_id, (reason, error) in dead_lettered.items()
             },
@@ -118,7 +117,7 @@ def runs_reap_stale(
                 "pending_effect": "",
                 "pending_call": None,
             },
-            per_run={run_id: {heads: chained.heads[run_id]} for run_id in reclaim},
+            per_run={run_id: tail_values(chained, run_id) for run_id in reclaim},
         )
         insert_batch_events(
             {run_id: event for run_id, event in events.items() if run_id in taken},

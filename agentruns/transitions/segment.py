@@ -24,12 +24,14 @@ from agentruns.models import (
 )
 from agentruns.transitions._writer import (
     DbValue,
+    Later,
     guarded_write,
     insert_events,
     lease_deadline,
     segment_write,
     state_write,
 )
+from agentruns.transitions.deadlines import WaitDeadline
 from agentruns.turns import (
     PendingTurn,
 )
@@ -74,7 +76,7 @@ def run_start(
             lease_expires=lease_deadline(),
             lease_epoch=1,
             started_at=Now(),
-            **{ledger.HEAD_FIELD: head},
+            **{ledger.HEAD_FIELD: head, ledger.SEQUENCE_FIELD: len(born)},
         )
         end = insert_events(run.pk, 0, identity, 1, born, links)
     return Lease(run.pk, run_uuid, identity, 1, next_sequence=end, head=head)
@@ -198,8 +200,15 @@ def run_clear_fence(
     loop_state: Mapping[str, Any] | None = None,
     events: Iterable[EventSpec] = (),
     cost: Decimal | None = None,
+    in_doubt_unless_committed: bool = False,
 ) -> bool:
-    """Clear the fence after the tool ran (a heartbeat too). ``False``: lease lost."""
+    """Clear the fence after the tool ran (a heartbeat too). ``False``: lease lost.
+
+    ``in_doubt_unless_committed`` (the fence of a non-idempotent write): the write commits only
+    on the segment's own ``COMMIT`` (``segment_write``'s ``await_commit``), so a segment that
+    dies while its boundary waits leaves the write in doubt for reconciliation (§9.1) rather
+    than landing after it died.
+    """
     return segment_write(
         lease,
         {
@@ -210,6 +219,7 @@ def run_clear_fence(
         },
         events,
         loop_state=loop_state,
+        await_commit=in_doubt_unless_committed,
     )
 
 
@@ -221,14 +231,27 @@ def run_suspend(
     pending_turn: PendingTurn,
     loop_state: Mapping[str, Any],
     events: Iterable[EventSpec] = (),
+    written: list[AgentRun] | None = None,
+    deadline: WaitDeadline | None = None,
+    cost: Decimal | None = None,
 ) -> bool:
     """Park a running run in a ``waiting_for_*`` state with its pending turn; release the claim.
 
+    ``deadline`` (§5.11): when the wait ends, by the database clock (``Now() + timeout``), and
+    what happens then, written by the same ``UPDATE`` — the run never waits without the deadline
+    its configuration gave it; none (or no timeout) clears an earlier wait's.
+
     ``False``: the run was cancelled or the lease lost meanwhile — fail closed, never announce a
-    resumable pause.
+    resumable pause. ``written``: see ``segment_write`` (the parked row, without a read back).
     """
     if status not in {Status.WAITING_FOR_APPROVAL, Status.WAITING_FOR_INPUT}:
         raise ValueError(f"cannot suspend into {status!r}")
+    waits: dict[str, Any] = {"approval_deadline": None, "approval_timeout_action": ""}
+    if deadline is not None and deadline.timeout is not None:
+        waits = {
+            "approval_deadline": Later(deadline.timeout),
+            "approval_timeout_action": deadline.action,
+        }
     return segment_write(
         lease,
         {
@@ -236,9 +259,12 @@ def run_suspend(
             "pending_turn": pending_turn.to_json(),
             "claimed_by": "",
             "lease_expires": None,
+            **waits,
+            **_cost(cost),
         },
         events,
         loop_state=loop_state,
+        written=written,
     )
 
 

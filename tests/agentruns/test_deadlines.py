@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
-from django.db import OperationalError
+from django.db import OperationalError, connection
 from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
 from django_q.models import OrmQ
 
 from agentruns.exceptions import AlreadyDecided, ApprovalExpired
@@ -34,7 +35,7 @@ from agentruns.models import (
 from agentruns.services import reaper, runs
 from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.transcript import EXPIRED_MESSAGE
-from agentruns.transitions import _writer, deadlines
+from agentruns.transitions import _writer
 from agentruns.turns import read_pending_turn
 from tests.agentruns.factories import AgentConfigurationFactory
 from tests.agentruns.runtime_support import (
@@ -43,7 +44,6 @@ from tests.agentruns.runtime_support import (
     decide_inline,
     decider,
     events,
-    kinds,
     outcome_unknown_once,
     sent,
     snapshot,
@@ -372,26 +372,27 @@ def test_a_settle_whose_event_cannot_be_written_changes_nothing_and_the_next_pas
     verify_ledger(run)
 
 
-def test_a_suspension_whose_deadline_cannot_be_written_leaves_the_run_to_its_lease(
-    probes, monkeypatch
-):
-    """The crash point inside the suspension: the suspend's UPDATE took the row, then writing
-    the deadline fails. Both roll back: the run never waits without its deadline — it is still
-    running under the lease that runs out, for the reaper to continue."""
-
-    def refuse(*args: Any, **kwargs: Any) -> bool:
-        raise OperationalError("server closed the connection unexpectedly")
-
-    configuration = config(script=[tool_turn(WRITE), {"content": "done"}], approval_timeout=AT_ONCE)
-    with monkeypatch.context() as patch:
-        patch.setattr(deadlines, "guarded_write", refuse)
+def test_the_deadline_is_written_by_the_suspends_own_update(probes):
+    """No moment exists in which the run waits without its deadline: the suspend's one guarded
+    ``UPDATE`` parks the run and fixes the deadline (there is no second statement to crash
+    between)."""
+    configuration = config(script=[tool_turn(WRITE), {"content": "done"}], approval_timeout=LONG)
+    table = AgentRun._meta.db_table
+    with CaptureQueriesContext(connection) as queries:
         result = runs.run_start_sync(configuration=configuration, prompt="write x")
 
-    assert result.outcome == Outcome.FAILED
+    assert result.run.status == Status.WAITING_FOR_APPROVAL
+    writes = [
+        q["sql"]
+        for q in queries.captured_queries
+        if "approval_deadline" in q["sql"]
+        and (q["sql"].lstrip().upper().startswith(("UPDATE", "WITH")))
+        and table in q["sql"]
+    ]
+    assert len(writes) == 1, writes
+    assert "pending_turn" in writes[0] and "status" in writes[0]
     run = AgentRun.objects.get(pk=result.run.pk)
-    assert run.status == Status.RUNNING and run.claimed_by
-    assert run.pending_turn is None and run.approval_deadline is None
-    assert EventKind.APPROVAL not in kinds(run)
+    assert run.approval_deadline is not None and run.approval_timeout_action == "deny"
     verify_ledger(run)
 
 

@@ -26,7 +26,7 @@ from agentruns.exceptions import StateWriteFailed
 from agentruns.models import AgentRun, AgentRunEvent, EventKind
 from agentruns.services import runs
 from agentruns.services.runtime.results import Outcome, SegmentResult
-from agentruns.transitions import _writer
+from agentruns.transitions import _writer, decisions
 from agentruns.turns import read_pending_turn
 from tests.agentruns.runtime_support import (
     call,
@@ -123,9 +123,16 @@ DECISIONS: dict[str, tuple[Callable[[Any], AgentRun], Decide, str]] = {
 
 
 def sequence_collision(monkeypatch: pytest.MonkeyPatch) -> type[DatabaseError]:
-    """The decision numbers its event with a sequence already taken: the database refuses it."""
-    next_sequence = _writer._next_sequence
-    monkeypatch.setattr(_writer, "_next_sequence", lambda run_id: next_sequence(run_id) - 1)
+    """The decision numbers its event with a sequence already taken (the locked row's counter
+    is behind its events): the database refuses it."""
+    lock_run = decisions._lock_run
+
+    def behind(run_uuid: Any) -> Any:
+        run = lock_run(run_uuid)
+        run.next_sequence -= 1
+        return run
+
+    monkeypatch.setattr(decisions, "_lock_run", behind)
     return IntegrityError
 
 
@@ -135,7 +142,9 @@ def insert_error(monkeypatch: pytest.MonkeyPatch) -> type[DatabaseError]:
     def refuse(*args: Any, **kwargs: Any) -> int:
         raise OperationalError("could not write to file: No space left on device")
 
-    monkeypatch.setattr(_writer, "insert_events", refuse)
+    # Every event row passes through ``event_row`` (on PostgreSQL the UPDATE and the INSERT
+    # are one statement, so this is where the insert can fail apart from the UPDATE).
+    monkeypatch.setattr(_writer, "event_row", refuse)
     return OperationalError
 
 

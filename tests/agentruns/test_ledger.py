@@ -96,6 +96,49 @@ def test_every_event_chains_to_the_one_before_and_the_head_names_the_last():
     assert run.ledger_head == head
 
 
+@pytest.mark.parametrize("actor_id", [None, 7])
+def test_the_chain_hashes_exactly_the_documented_canonical_record(actor_id):
+    """``chain`` builds the canonical text inline for speed: it must equal ``canonical``'s (and
+    so the README's standalone verifier's) for any payload, kind, segment and actor."""
+    from uuid import uuid4
+
+    from agentruns.leases import EventSpec
+
+    run_uuid = uuid4()
+    payloads = [
+        {},
+        {"b": 1.0, "a": [2.0, 2.5, ("t", None)], 3: {True: 1e16, "é": '\u2028 "q"'}},
+        [1, {"z": {"y": [0.5]}}],
+    ]
+    events = [
+        EventSpec(kind, payload, actor_id=actor_id)
+        for kind, payload in zip([EventKind.TOOL, "custom", EventKind.LLM], payloads, strict=True)
+    ]
+    links, head = ledger.chain(
+        run_uuid=run_uuid,
+        prev_hash=ledger.genesis(run_uuid),
+        first_sequence=41,
+        segment='seg "é" \\ 1',
+        lease_epoch=12,
+        events=events,
+    )
+
+    prev = ledger.genesis(run_uuid)
+    for sequence, (spec, link) in enumerate(zip(events, links, strict=True), start=41):
+        text = ledger.canonical(
+            run_uuid=run_uuid,
+            sequence=sequence,
+            kind=str(spec.kind),
+            payload=ledger.canonical_payload(spec.payload),
+            segment='seg "é" \\ 1',
+            lease_epoch=12,
+            actor_id=actor_id,
+        )
+        assert link == ledger.Link(prev, ledger.link(prev, text))
+        prev = link.hash
+    assert head == prev
+
+
 def test_a_queued_run_starts_at_its_genesis_and_chains_from_its_claim():
     configuration = AgentConfigurationFactory(tools=[], script=[{"content": "hi"}])
     run = runs.run_enqueue(configuration=configuration, prompt="go")

@@ -34,7 +34,7 @@ from agentruns.services.runtime import tool_step
 from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.segment import continue_segment
 from agentruns.services.runtime.transcript import DENIED_MESSAGE
-from agentruns.tools import registry
+from agentruns.tools import Tool, registry
 from agentruns.turns import Call, turn_digest
 from playground.models import Note
 from tests.agentruns.factories import AgentRunFactory, UserFactory, lease_for
@@ -786,7 +786,11 @@ def _writes_of(run_script, configuration) -> Counter:
     writes = Counter()
     for query in captured.captured_queries:
         words = query["sql"].split()
-        if words[0] == "UPDATE":
+        if words[0] == "WITH":  # PostgreSQL: a boundary's UPDATE and INSERT in one statement
+            words = query["sql"].replace("(", " ").split()
+            update, insert = words.index("UPDATE"), words.index("INSERT")
+            writes[f"UPDATE {words[update + 1]} + INSERT {words[insert + 2]}"] += 1
+        elif words[0] == "UPDATE":
             writes[f"UPDATE {words[1]}"] += 1
         elif words[0] == "INSERT":
             writes[f"INSERT {words[2]}"] += 1
@@ -807,6 +811,82 @@ def test_a_read_round_costs_one_lease_update_per_boundary(probes):
     three = _writes_of(round_script(3), configuration)
 
     per_round = three - two
-    assert per_round == Counter(
-        {'UPDATE "agentruns_agentrun"': 2, 'INSERT "agentruns_agentrunevent"': 2}
+    if connection.vendor == "postgresql":  # one statement per boundary (docs/design.md §6.6)
+        assert per_round == Counter(
+            {'UPDATE "agentruns_agentrun" + INSERT "agentruns_agentrunevent"': 2}
+        )
+    else:
+        assert per_round == Counter(
+            {'UPDATE "agentruns_agentrun"': 2, 'INSERT "agentruns_agentrunevent"': 2}
+        )
+
+
+def _statements_of(run_script, configuration) -> int:
+    with CaptureQueriesContext(connection) as captured:
+        result = start(configuration, run_script)
+    assert result.outcome == Outcome.COMPLETED
+    return len(captured.captured_queries)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)  # autocommit, as in production: no test savepoints
+def test_a_read_round_is_two_statements_on_postgresql():
+    """Issue 15: on PostgreSQL a read round's two boundaries are one statement each (the guarded
+    UPDATE and its event INSERT in one data-modifying CTE, no BEGIN/COMMIT). The tool issues no
+    SQL, so every statement counted is the runtime's."""
+    noop = Tool(
+        "noop_read",
+        "Test: a read that does nothing.",
+        {"type": "object"},
+        Effect.READ,
+        lambda context, arguments: {"ok": True},
     )
+    registry.register(noop)
+    try:
+        configuration = config(tools=["noop_read"])
+
+        def round_script(rounds: int) -> list[dict]:
+            turns = [tool_turn(call("noop_read", value=str(n))) for n in range(rounds)]
+            return [*turns, {"content": "done"}]
+
+        two = _statements_of(round_script(2), configuration)
+        five = _statements_of(round_script(5), configuration)
+    finally:
+        registry.unregister("noop_read")
+
+    assert (five - two) / 3 <= 2
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)  # autocommit, as in production: no test savepoints
+def test_an_approved_write_round_is_at_most_eight_statements_on_postgresql():
+    """Issue 15: an approved write round (the answer, the suspend, the inline decision, the
+    continuing segment, the fence stamp and the boundary that clears it) is at most 8
+    statements on PostgreSQL: no MAX(sequence), the locked row handed on, nothing read back."""
+    noop = Tool(
+        "noop_write",
+        "Test: an idempotent write that does nothing.",
+        {"type": "object"},
+        Effect.IDEMPOTENT_WRITE,
+        lambda context, arguments: {"ok": True},
+    )
+    registry.register(noop)
+    try:
+        configuration = config(tools=["noop_write"])
+        staff = decider()
+        assert staff.has_perm("agentruns.decide_agentrun")  # caches the permissions
+
+        def statements(rounds: int) -> int:
+            turns = [tool_turn(call("noop_write", value=str(n))) for n in range(rounds)]
+            with CaptureQueriesContext(connection) as captured:
+                result = start(configuration, [*turns, {"content": "done"}])
+                while result.outcome == Outcome.AWAITING_APPROVAL:
+                    result = decide_inline(result.run, actor=staff)
+            assert result.outcome == Outcome.COMPLETED
+            return len(captured.captured_queries)
+
+        one, three = statements(1), statements(3)
+    finally:
+        registry.unregister("noop_write")
+
+    assert (three - one) / 2 <= 8

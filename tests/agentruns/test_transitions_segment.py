@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from agentruns.leases import EventSpec, Lease
-from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
+from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status, TerminationReason
 from agentruns.transitions import (
     run_cancel,
     run_claim_queued,
@@ -304,3 +304,24 @@ def test_zombie_whose_run_was_reclaimed_but_not_yet_claimed_matches_nothing():
         assert write(old) is False, name
 
     assert snapshot(old.run_id) == before
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)  # autocommit, as in production
+@pytest.mark.parametrize("await_commit", [False, True], ids=["autocommit", "own-commit"])
+def test_a_boundary_is_one_autocommit_statement_unless_it_must_commit_itself(await_commit):
+    """On PostgreSQL a boundary with events is one data-modifying CTE in autocommit; the clear
+    of a non-idempotent write's fence commits itself (a death before the COMMIT undoes it)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    lease = start()
+    with CaptureQueriesContext(connection) as captured:
+        assert run_clear_fence(
+            lease, events=[EventSpec(EventKind.TOOL)], in_doubt_unless_committed=await_commit
+        )
+
+    kinds = [q["sql"].split(None, 1)[0].upper() for q in captured.captured_queries]
+    assert kinds == (["BEGIN", "WITH", "COMMIT"] if await_commit else ["WITH"])
+    assert AgentRunEvent.objects.filter(run_id=lease.run_id, kind=EventKind.TOOL).count() == 1
+    assert AgentRun.objects.get(pk=lease.run_id).next_sequence == lease.next_sequence == 2

@@ -44,6 +44,8 @@ def runs_of(alice, bob):
     }
     for run in made.values():
         AgentRunEvent.objects.create(run=run, sequence=0, kind=EventKind.LEASE)
+    # An event inserted by hand: the run's counter follows it, as a writer's would.
+    AgentRun.objects.filter(pk__in=[r.pk for r in made.values()]).update(next_sequence=1)
     return made
 
 

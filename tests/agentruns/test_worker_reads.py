@@ -38,13 +38,14 @@ def run_row_reads(queries: CaptureQueriesContext) -> int:
     )
 
 
-def test_the_task_reads_the_run_row_three_times_the_claim_its_head_and_the_segment():
+def test_the_task_reads_the_run_row_twice_the_claim_and_the_segment():
     run = queued_run()
 
     with CaptureQueriesContext(connection) as queries:
         assert tasks.process_run(str(run.uuid)) == "completed"
 
-    assert run_row_reads(queries) == 3
+    # The claim's UPDATE returns the ledger head and the next sequence (no SELECT of them).
+    assert run_row_reads(queries) == 2
     assert AgentRun.objects.get(pk=run.pk).status == Status.COMPLETED
 
 
@@ -56,7 +57,7 @@ def test_a_caller_of_the_service_gets_the_run_as_the_segment_left_it():
 
     assert result is not None and result.outcome == "completed"
     assert result.run.status == Status.COMPLETED  # read again at the end
-    assert run_row_reads(queries) == 4
+    assert run_row_reads(queries) == 3
 
 
 def test_a_task_for_a_run_that_is_not_queued_reads_it_once_and_does_nothing():

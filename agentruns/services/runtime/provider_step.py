@@ -49,6 +49,12 @@ class ProviderStep:
     def _lost(self, *, completed: list[EventSpec] | None = None, **detail: Any) -> Stop:
         raise NotImplementedError
 
+    def _waits_for_approval(self) -> bool:
+        raise NotImplementedError
+
+    def _defer(self, spec: EventSpec) -> None:
+        raise NotImplementedError
+
     def _settle(
         self,
         status: str,
@@ -153,6 +159,14 @@ class ProviderStep:
             return self._lost(at="provider", completed=[answered])
         if final or not calls:
             return reply, answered  # the final answer: written with the settle
+        if self._waits_for_approval():
+            # The turn waits for a decision: the answer (and the turn) is written by the write
+            # that follows — the suspend, after the previews, or a refusal's boundary — as the
+            # final answer is by the settle. Nothing runs in between but the previews (reads);
+            # a crash there loses the answer as a crash inside the call would (it is asked
+            # again), and a cancel noticed then records it (``_lost``).
+            self._defer(answered)
+            return reply, answered
         return self._boundary([answered]) or (reply, answered)
 
     def _check_budgets(self) -> budgets.Reservation | Stop | None:

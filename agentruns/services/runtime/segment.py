@@ -92,11 +92,18 @@ class RunSegment(ProviderStep):
         *,
         retry: RetryScheduler | None = None,
         observer: EventObserver | None = None,
+        run: AgentRun | None = None,
     ) -> None:
         self.lease = lease
         self.retry = retry
         self.observer = observer
-        self.run: AgentRun = AgentRun.objects.select_related("configuration").get(pk=lease.run_id)
+        # ``run``: the row as a decision just locked and wrote it, with its configuration (read
+        # with it); otherwise read here.
+        self.run: AgentRun = (
+            run
+            if run is not None
+            else AgentRun.objects.select_related("configuration").get(pk=lease.run_id)
+        )
         # Identity over snapshot: the configuration is re-read on every segment.
         self.config: AgentConfiguration = self.run.configuration
         self.request: dict[str, Any] = (
@@ -109,9 +116,14 @@ class RunSegment(ProviderStep):
         # once (the request before the next provider call): one write instead of two.
         self._deferred: list[EventSpec] = []
         self._deferred_clear = False
+        # The effect of the last write the segment stamped a fence for (its clear's boundary
+        # commits itself when it is non-idempotent: ``run_clear_fence``).
+        self._fenced_effect = ""
         # One session per remote server for this segment's calls (§4.5): closed when the
         # segment ends (``execute``) or learns its lease is lost (``_lost``).
         self.sessions: SessionScope | None = None
+        # The row a suspend left, returned by its UPDATE: the segment's result without a read.
+        self._parked: AgentRun | None = None
 
     # -- entry point --
 
@@ -130,7 +142,9 @@ class RunSegment(ProviderStep):
             except Exception as exc:
                 stop = settle_internal_error(self.lease, self.state, exc)
         metrics.record_segment_end(lease=self.lease, lease_lost=stop.outcome == Outcome.LEASE_LOST)
-        return SegmentResult(stop.outcome, self._reload() if reload_run else self.run, stop.detail)
+        if not reload_run:
+            return SegmentResult(stop.outcome, self.run, stop.detail)
+        return SegmentResult(stop.outcome, self._parked or self._reload(), stop.detail)
 
     def _reload(self) -> AgentRun:
         return AgentRun.objects.select_related("configuration", "initiator").get(
@@ -158,11 +172,28 @@ class RunSegment(ProviderStep):
         clear_fence = clear_fence or self._deferred_clear
         self._deferred_clear = False
         written = [*deferred, *events]
-        write = transitions.run_clear_fence if clear_fence else transitions.run_heartbeat
         cost = self.state.usage.cost if self._charge is not None else None
-        if not self._charged(
-            lambda: write(self.lease, loop_state=self.state.to_json(), events=written, cost=cost)
-        ):
+        loop_state = self.state.to_json()
+        if clear_fence:
+            in_doubt = self._fenced_effect == Effect.NON_IDEMPOTENT_WRITE
+
+            def write() -> bool:
+                return transitions.run_clear_fence(
+                    self.lease,
+                    loop_state=loop_state,
+                    events=written,
+                    cost=cost,
+                    in_doubt_unless_committed=in_doubt,
+                )
+
+        else:
+
+            def write() -> bool:
+                return transitions.run_heartbeat(
+                    self.lease, loop_state=loop_state, events=written, cost=cost
+                )
+
+        if not self._charged(write):
             return self._lost(completed=written)
         for spec in events:  # the deferred ones joined the dialogue when they were deferred
             self._remember(spec)
@@ -202,6 +233,20 @@ class RunSegment(ProviderStep):
         for spec in events:
             self._remember(spec)
         return None
+
+    def _defer(self, spec: EventSpec) -> None:
+        """Record ``spec`` with the next write (it joins the dialogue now)."""
+        self._deferred.append(spec)
+        self._remember(spec)
+
+    def _waits_for_approval(self) -> bool:
+        """The current turn goes to a decision before anything of it runs (``_run_turn``)."""
+        turn = self.state.turn
+        return (
+            turn is not None
+            and turn.approved is None
+            and any(self.gate.needs_approval(c.name) for c in turn.open_calls())
+        )
 
     def _flush(self) -> Stop | None:
         """Write deferred steps before a write that does not carry them (suspend, settle)."""
@@ -396,6 +441,8 @@ class RunSegment(ProviderStep):
         self, turn: Turn, call: Call, tool: Tool | None, arguments: Any, *, last_of_turn: bool
     ) -> Stop | None:
         effect = tool.effect if tool is not None else Effect.NON_IDEMPOTENT_WRITE
+        if effect in WRITE_EFFECTS:
+            self._fenced_effect = str(effect)
         step = execute_tool_call(
             tool=tool,
             name=call.name,
@@ -477,18 +524,34 @@ class RunSegment(ProviderStep):
         return self._lost(completed=[doubt])
 
     def _suspend(self, status: str, pending: PendingTurn, outcome: str) -> Stop:
-        if stop := self._flush():
+        # Deferred steps (the answer that proposed the turn) are written with the suspend; a
+        # deferred fence clear needs a boundary of its own first.
+        if self._deferred_clear and (stop := self._flush()):
             return stop
-        if transitions.run_suspend_with_deadline(
-            self.lease,
-            status=status,
-            pending_turn=pending,
-            loop_state=self.state.to_json(),
-            deadline=WaitDeadline.of(self.config),
+        carried, self._deferred = self._deferred, []
+        written: list[AgentRun] = []
+        cost = self.state.usage.cost if self._charge is not None else None
+        if self._charged(
+            lambda: transitions.run_suspend(
+                self.lease,
+                status=status,
+                pending_turn=pending,
+                loop_state=self.state.to_json(),
+                deadline=WaitDeadline.of(self.config),
+                events=carried,
+                written=written,
+                cost=cost,
+            )
         ):
+            if written:
+                self._parked = written[0]
+                self._parked.configuration = self.config  # as read by this segment
+            if self.observer is not None:
+                for spec in carried:
+                    self.observer(spec)
             return Stop(outcome)
         # Cancelled (or lost) meanwhile: never announce a resumable pause.
-        lost = self._lost()
+        lost = self._lost(completed=carried)
         return lost if lost.outcome == Outcome.CANCELLED else Stop(Outcome.SUSPEND_FAILED)
 
     def _suspend_for_input(self, call: Call, tool: Tool) -> Stop:
@@ -551,7 +614,10 @@ def continue_segment(
     retry: RetryScheduler | None = None,
     observer: EventObserver | None = None,
     reload_run: bool = True,
+    run: AgentRun | None = None,
 ) -> SegmentResult:
     """Run ``lease``'s run from its last step boundary until it pauses, ends or is lost.
-    ``reload_run=False``: see ``RunSegment.execute``."""
-    return RunSegment(lease, retry=retry, observer=observer).execute(reload_run=reload_run)
+    ``reload_run=False``: see ``RunSegment.execute``. ``run``: the row as the decision that
+    made ``lease`` locked and wrote it (``Decided.run``), instead of reading it again."""
+    segment = RunSegment(lease, retry=retry, observer=observer, run=run)
+    return segment.execute(reload_run=reload_run)
