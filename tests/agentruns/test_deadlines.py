@@ -351,9 +351,10 @@ def test_the_pass_counts_deadline_verdicts_for_metrics(probes):
 def test_a_settle_whose_event_cannot_be_written_changes_nothing_and_the_next_pass_settles(
     probes, monkeypatch
 ):
-    """The crash point inside the settle: its UPDATE took the row, then the event INSERT
-    fails. The transaction rolls back whole — the run still waits, no digest spent — and the
-    pass reports it skipped; the next pass settles it with its one event."""
+    """The crash point inside the settle: its event cannot be written (on SQLite after its
+    UPDATE took the row; on PostgreSQL the two are one statement). Nothing of it stays — the
+    run still waits, no digest spent — and the pass reports it skipped; the next pass settles
+    it with its one event."""
     run = waiting_for_approval(timeout=AT_ONCE, action="deny")
     before = snapshot(run)
 
@@ -361,7 +362,7 @@ def test_a_settle_whose_event_cannot_be_written_changes_nothing_and_the_next_pas
         raise OperationalError("could not write to file: No space left on device")
 
     with monkeypatch.context() as patch:
-        patch.setattr(_writer, "insert_events", refuse)
+        patch.setattr(_writer, "event_row", refuse)
         [verdict] = reaper.reap_stale_runs().expired
 
     assert verdict.verdict == "skipped" and "state write failed" in verdict.detail
