@@ -387,6 +387,13 @@ class AgentRunEvent(models.Model):
                 condition=models.Q(kind="reaper"),
                 name="agentrunevent_reaper_at",
             ),
+            # Input events are rare too: the dashboard finds the approval deadline's settles of
+            # input requests through it.
+            models.Index(
+                fields=["created_at"],
+                condition=models.Q(kind="input"),
+                name="agentrunevent_input_at",
+            ),
         ]
 
     def __str__(self) -> str:

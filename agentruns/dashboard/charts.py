@@ -66,7 +66,10 @@ APPROVAL_WAIT = Chart(
 REAPER_VERDICTS = Chart(
     slug="reaper-verdicts",
     title="Reaper verdicts per day, last 14 days",
-    description="The reaper's verdicts on stale runs and its redispatches, by verdict.",
+    description=(
+        "The reaper's verdicts on stale runs and its redispatches, and the approval deadlines "
+        "it settled (denied or failed), by verdict."
+    ),
     kind="stacked",
     build=series.reaper_verdicts_per_day,
 )

@@ -4,8 +4,9 @@ Every function takes a ``Window`` and answers a ``ChartData`` (x labels and name
 numbers, ``None`` where there is nothing to show). The number of queries is constant whatever the
 history's size: each function runs exactly one, over the window only (served by an index:
 ``agentrun_status_finished`` for terminal runs, the partial indexes of migration 0016 for
-``approval`` and ``reaper`` events, the spend ledger's ``(scope, key, day)`` index for the cost,
-``agentrun_status_lease``/``agentrun_status_created`` for the waiting runs by status).
+``approval``, ``input`` and ``reaper`` events, the spend ledger's ``(scope, key, day)`` index
+for the cost, ``agentrun_status_lease``/``agentrun_status_created`` for the waiting runs by
+status).
 
 Hours and days are those of the current time zone (``DJANGO_TIME_ZONE``, UTC by default, or the
 user's own, ``agentruns.middleware``); windows end at the app server's clock, except the ages of
@@ -20,9 +21,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
-from django.db.models import Count, OuterRef, Q, Subquery, Sum
+from django.db.models import Case, CharField, Count, OuterRef, Q, Subquery, Sum, Value, When
 from django.db.models.fields.json import KT
-from django.db.models.functions import Now, TruncDate, TruncHour
+from django.db.models.functions import Concat, Now, TruncDate, TruncHour
 from django.utils import timezone
 
 from agentruns import budgets
@@ -35,6 +36,7 @@ from agentruns.models import (
     SpendScope,
     Status,
 )
+from agentruns.turns import DEADLINE
 
 HOURS = 24
 DAYS = 14
@@ -197,22 +199,43 @@ def approval_wait_per_day(window: Window) -> ChartData:
     )
 
 
+#: How a settle by the approval deadline (§5.11) is named beside the reaper's verdicts.
+DEADLINE_VERDICTS = {"deny": "deadline: denied", "fail": "deadline: failed"}
+
+
 def reaper_verdicts_per_day(window: Window) -> ChartData:
-    """The reaper's verdicts (its ``reaper`` events) on each of the last 14 days, by verdict: one
-    ``GROUP BY`` over the window of the partial index on ``reaper`` events."""
+    """The reaper pass's verdicts on each of the last 14 days: its ``reaper`` events by verdict,
+    and the approval deadlines it settled (the ``approval`` and ``input`` events by the
+    deadline, by action). One ``GROUP BY`` over the window; each branch of its condition is
+    served by its partial index (``reaper``, ``approval``, ``input`` events)."""
     days = window.days_list()
+    by_deadline = Q(payload__by=DEADLINE)
     rows = (
         AgentRunEvent.objects.filter(
-            kind=EventKind.REAPER, created_at__gte=window.first_day_start()
+            Q(kind=EventKind.REAPER)
+            | Q(kind=EventKind.APPROVAL) & by_deadline
+            | Q(kind=EventKind.INPUT) & by_deadline,
+            created_at__gte=window.first_day_start(),
         )
-        .annotate(day=TruncDate("created_at"), verdict=KT("payload__verdict"))
+        .annotate(
+            day=TruncDate("created_at"),
+            verdict=Case(
+                When(kind=EventKind.REAPER, then=KT("payload__verdict")),
+                default=Concat(Value("deadline:"), KT("payload__action")),
+                output_field=CharField(),
+            ),
+        )
         .values("day", "verdict")
         .annotate(n=Count("id"))
         .order_by()
     )
     counts: dict[tuple[date, str], int] = {}
     for row in rows:
-        key = (row["day"], str(row["verdict"] or "unknown"))
+        verdict = str(row["verdict"] or "unknown")
+        if verdict.startswith("deadline:"):
+            action = verdict.removeprefix("deadline:")
+            verdict = DEADLINE_VERDICTS.get(action, f"deadline: {action or 'unknown'}")
+        key = (row["day"], verdict)
         counts[key] = counts.get(key, 0) + row["n"]
     verdicts = sorted({verdict for _, verdict in counts})
     return ChartData(

@@ -20,4 +20,8 @@ class Migration(migrations.Migration):
             model_name='agentrunevent',
             index=models.Index(condition=models.Q(('kind', 'reaper')), fields=['created_at'], name='agentrunevent_reaper_at'),
         ),
+        migrations.AddIndex(
+            model_name='agentrunevent',
+            index=models.Index(condition=models.Q(('kind', 'input')), fields=['created_at'], name='agentrunevent_input_at'),
+        ),
     ]

@@ -349,3 +349,21 @@ def test_nothing_on_the_page_loads_from_elsewhere_and_no_script_runs():
     assert "pygal.org" not in html and "kozea" not in html.lower()
     urls = set(re.findall(r"https?://[^\s\"'<>)]+", html))
     assert urls <= {"http://www.w3.org/2000/svg"}, urls  # a namespace name, never fetched
+
+
+def test_reaper_verdicts_count_the_approval_deadlines_the_pass_settled(probes):
+    from tests.agentruns.test_deadlines import AT_ONCE, waiting_for_approval, waiting_for_input
+
+    waiting_for_approval(timeout=AT_ONCE, action="deny")
+    waiting_for_approval(timeout=AT_ONCE, action="fail")
+    waiting_for_input(timeout=AT_ONCE, action="deny")
+    waiting_for_approval()  # its deadline is far: not settled, not counted
+    report = reaper.reap_stale_runs()
+    assert len(report.expired) == 3
+
+    data = series.reaper_verdicts_per_day(Window(now=timezone.now()))
+
+    assert {s.name: sum(s.values) for s in data.series} == {
+        "deadline: denied": 2,
+        "deadline: failed": 1,
+    }
