@@ -109,10 +109,22 @@ def test_the_chain_hashes_exactly_the_documented_canonical_record(actor_id):
         {},
         {"b": 1.0, "a": [2.0, 2.5, ("t", None)], 3: {True: 1e16, "é": '\u2028 "q"'}},
         [1, {"z": {"y": [0.5]}}],
+        # Hostile values for the prebuilt encoder: big and negative integers, floats at the
+        # edges of their text forms, control and astral characters, deep nesting.
+        {
+            "big": 2**80,
+            "neg": -(2**70),
+            "f": [1e-7, -2.5e300, 0.1 + 0.2, -0.0, 1e16, 123456789.125],
+            "s": '\x00\x1f\u00e9\u4e2d\U0001f600\\/"',
+            "\U0001f600": {"deep": [[[[{"k": [True, False, None]}]]]]},
+        },
+        "a bare string \u2603",
+        2**64,
     ]
+    kinds = [EventKind.TOOL, "custom", EventKind.LLM, EventKind.REQUEST, "Ünïcode", "tool"]
     events = [
         EventSpec(kind, payload, actor_id=actor_id)
-        for kind, payload in zip([EventKind.TOOL, "custom", EventKind.LLM], payloads, strict=True)
+        for kind, payload in zip(kinds, payloads, strict=True)
     ]
     links, head = ledger.chain(
         run_uuid=run_uuid,
