@@ -237,25 +237,44 @@ def chain(
     links = []
     head = prev_hash
     sha256 = hashlib.sha256
-    encode = _encode_payload
+    new_link = tuple.__new__
+    c_encode = _c_encode
     # ``canonical`` and ``link``, inlined (this runs for every event a boundary appends): the
     # record's keys in sorted order around the parts that change from event to event, the
     # payload encoded by the same C encoder with the same options. ``test_ledger`` holds it
     # equal to ``canonical``.
-    middle = f',"lease_epoch":{_scalar(lease_epoch)},"payload":'
-    tail = f',"run":{_scalar(str(run_uuid).lower())},"segment":{_scalar(segment)},"sequence":'
+    middle, tail = _signer_parts(run_uuid, segment, lease_epoch)
     for sequence, spec in enumerate(events, start=first_sequence):
         actor = spec.actor_id
         kind = spec.kind
+        payload = _normalised(spec.payload)
         text = (
             f'{{"actor":{"null" if actor is None else _scalar(actor)},'
             f'"kind":{_KIND_TEXT.get(kind) or _kind_text(kind)}{middle}'
-            f"{encode(_normalised(spec.payload))}{tail}{sequence}}}"
+            f"{''.join(c_encode(payload, 0)) if c_encode else _encode(payload)}{tail}{sequence}}}"
         )
         current = sha256((head + text).encode("ascii")).hexdigest()
-        links.append(Link(head, current))
+        links.append(new_link(Link, (head, current)))
         head = current
     return links, head
+
+
+# The record's text around the payload for the last signer chained (a segment chains every
+# boundary's events under the same run, segment and epoch): ``(run_uuid, segment, epoch)`` and
+# the text before and after the payload.
+_last_signer: tuple[Any, tuple[str, str]] = (None, ("", ""))
+
+
+def _signer_parts(run_uuid: UUID | str, segment: str, lease_epoch: int) -> tuple[str, str]:
+    global _last_signer
+    signer = (run_uuid, segment, lease_epoch)
+    cached = _last_signer
+    if cached[0] == signer and type(lease_epoch) is int and type(segment) is str:
+        return cached[1]
+    middle = f',"lease_epoch":{_scalar(lease_epoch)},"payload":'
+    tail = f',"run":{_scalar(str(run_uuid).lower())},"segment":{_scalar(segment)},"sequence":'
+    _last_signer = (signer, (middle, tail))
+    return middle, tail
 
 
 # --- The head (and the next sequence) on the run row ------------------------------------------

@@ -126,29 +126,38 @@ def test_the_chain_hashes_exactly_the_documented_canonical_record(actor_id):
         EventSpec(kind, payload, actor_id=actor_id)
         for kind, payload in zip(kinds, payloads, strict=True)
     ]
-    links, head = ledger.chain(
-        run_uuid=run_uuid,
-        prev_hash=ledger.genesis(run_uuid),
-        first_sequence=41,
-        segment='seg "é" \\ 1',
-        lease_epoch=12,
-        events=events,
-    )
-
-    prev = ledger.genesis(run_uuid)
-    for sequence, (spec, link) in enumerate(zip(events, links, strict=True), start=41):
-        text = ledger.canonical(
-            run_uuid=run_uuid,
-            sequence=sequence,
-            kind=str(spec.kind),
-            payload=ledger.canonical_payload(spec.payload),
-            segment='seg "é" \\ 1',
-            lease_epoch=12,
-            actor_id=actor_id,
+    # Signers one after the other (``chain`` keeps the last one's text): each gets its own.
+    signers = [
+        (run_uuid, 'seg "é" \\ 1', 12),
+        (run_uuid, 'seg "é" \\ 1', 13),
+        (str(run_uuid).upper(), "worker:h:2", 13),
+        (uuid4(), "worker:h:2", 13),
+        (run_uuid, 'seg "é" \\ 1', 12),
+    ]
+    for signer_uuid, segment, epoch in signers:
+        links, head = ledger.chain(
+            run_uuid=signer_uuid,
+            prev_hash=ledger.genesis(signer_uuid),
+            first_sequence=41,
+            segment=segment,
+            lease_epoch=epoch,
+            events=events,
         )
-        assert link == ledger.Link(prev, ledger.link(prev, text))
-        prev = link.hash
-    assert head == prev
+        prev = ledger.genesis(signer_uuid)
+        for sequence, (spec, link) in enumerate(zip(events, links, strict=True), start=41):
+            text = ledger.canonical(
+                run_uuid=str(signer_uuid).lower(),
+                sequence=sequence,
+                kind=str(spec.kind),
+                payload=ledger.canonical_payload(spec.payload),
+                segment=segment,
+                lease_epoch=epoch,
+                actor_id=actor_id,
+            )
+            assert type(link) is ledger.Link
+            assert link == ledger.Link(prev, ledger.link(prev, text))
+            prev = link.hash
+        assert head == prev
 
 
 def test_a_queued_run_starts_at_its_genesis_and_chains_from_its_claim():
