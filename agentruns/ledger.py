@@ -109,6 +109,56 @@ def canonical_payload(payload: Any) -> Any:
 _encode = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode
 
 
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _c_encoder() -> Any:
+    """``_encode``'s C encoder, built once instead of on every call (``JSONEncoder.iterencode``
+    builds one per call): the same function given the same options, so the same text, but no
+    circular-reference bookkeeping: a circular payload (which no database can store either) ends
+    in ``RecursionError`` instead of ``ValueError``. ``None`` without the C accelerator."""
+    if json.encoder.c_make_encoder is None:  # type: ignore[attr-defined]
+        return None
+    return json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+        None, _not_json, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, True
+    )
+
+
+_c_encode = _c_encoder()
+
+
+def _encode_payload(value: Any) -> str:
+    """``_encode(value)`` (a payload already normalised) through the prebuilt C encoder."""
+    if _c_encode is None:
+        return _encode(value)
+    return "".join(_c_encode(value, 0))
+
+
+def _scalar(value: Any) -> str:
+    """``_encode(value)``, without the encoder's setup for a string or an integer (the same
+    functions it calls for them)."""
+    kind = type(value)
+    if kind is str:
+        return json.encoder.encode_basestring_ascii(value)
+    if kind is int:
+        return int.__repr__(value)
+    return _encode(value)
+
+
+# The encoded kinds (``_encode(str(kind))``), looked up for every event chained: an
+# ``EventKind`` finds its value's entry (a ``TextChoices`` member is equal to its value).
+_KIND_TEXT: dict[str, str] = {}
+
+
+def _kind_text(kind: Any) -> str:
+    name = str(kind)
+    text = _scalar(name)
+    if name == kind and len(_KIND_TEXT) < 64:
+        _KIND_TEXT[name] = text
+    return text
+
+
 def canonical(
     *,
     run_uuid: UUID | str,
@@ -187,21 +237,44 @@ def chain(
     links = []
     head = prev_hash
     sha256 = hashlib.sha256
+    new_link = tuple.__new__
+    c_encode = _c_encode
     # ``canonical`` and ``link``, inlined (this runs for every event a boundary appends): the
     # record's keys in sorted order around the parts that change from event to event, the
-    # payload encoded by the same encoder. ``test_ledger`` holds it equal to ``canonical``.
-    middle = f',"lease_epoch":{_encode(lease_epoch)},"payload":'
-    tail = f',"run":{_encode(str(run_uuid).lower())},"segment":{_encode(segment)},"sequence":'
+    # payload encoded by the same C encoder with the same options. ``test_ledger`` holds it
+    # equal to ``canonical``.
+    middle, tail = _signer_parts(run_uuid, segment, lease_epoch)
     for sequence, spec in enumerate(events, start=first_sequence):
-        actor = "null" if spec.actor_id is None else _encode(spec.actor_id)
+        actor = spec.actor_id
+        kind = spec.kind
+        payload = _normalised(spec.payload)
         text = (
-            f'{{"actor":{actor},"kind":{_encode(str(spec.kind))}{middle}'
-            f"{_encode(_normalised(spec.payload))}{tail}{sequence}}}"
+            f'{{"actor":{"null" if actor is None else _scalar(actor)},'
+            f'"kind":{_KIND_TEXT.get(kind) or _kind_text(kind)}{middle}'
+            f"{''.join(c_encode(payload, 0)) if c_encode else _encode(payload)}{tail}{sequence}}}"
         )
         current = sha256((head + text).encode("ascii")).hexdigest()
-        links.append(Link(head, current))
+        links.append(new_link(Link, (head, current)))
         head = current
     return links, head
+
+
+# The record's text around the payload for the last signer chained (a segment chains every
+# boundary's events under the same run, segment and epoch): ``(run_uuid, segment, epoch)`` and
+# the text before and after the payload.
+_last_signer: tuple[Any, tuple[str, str]] = (None, ("", ""))
+
+
+def _signer_parts(run_uuid: UUID | str, segment: str, lease_epoch: int) -> tuple[str, str]:
+    global _last_signer
+    signer = (run_uuid, segment, lease_epoch)
+    cached = _last_signer
+    if cached[0] == signer and type(lease_epoch) is int and type(segment) is str:
+        return cached[1]
+    middle = f',"lease_epoch":{_scalar(lease_epoch)},"payload":'
+    tail = f',"run":{_scalar(str(run_uuid).lower())},"segment":{_scalar(segment)},"sequence":'
+    _last_signer = (signer, (middle, tail))
+    return middle, tail
 
 
 # --- The head (and the next sequence) on the run row ------------------------------------------

@@ -122,8 +122,12 @@ def _assistant_count(messages: list[dict[str, Any]]) -> int:
     return sum(1 for message in messages if message.get("role") == "assistant")
 
 
+# ``json.dumps(value, sort_keys=True, default=str)``, the encoder built once, not per call.
+_estimate_text = json.JSONEncoder(sort_keys=True, default=str).encode
+
+
 def _estimate_tokens(value: Any) -> int:
-    return max(1, len(json.dumps(value, sort_keys=True, default=str)) // 4)
+    return max(1, len(_estimate_text(value)) // 4)
 
 
 class ScriptedProvider:

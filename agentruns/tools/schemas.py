@@ -19,6 +19,7 @@ path is the object itself. As JSON it is an array (``["tags", 2]``), so a key ho
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -78,6 +79,32 @@ class SchemaError:
 def _validator_class(schema: Mapping[str, Any]) -> type[Validator]:
     """The validator the schema asks for via ``$schema``; Draft 2020-12 when it says nothing."""
     return validator_for(schema, default=Draft202012Validator)
+
+
+# Validators built for the schemas validated lately (every tool call validates its arguments,
+# twice: building the validator cost more than validating). Keyed by the schema object's
+# identity; an entry holds the object (so its id is not reused while cached) and its JSON text
+# when the validator was built, and serves only that same object with that same text: a schema
+# mutated since is built again, and two schemas never share a validator.
+_VALIDATORS: dict[int, tuple[Mapping[str, Any], str, Validator]] = {}
+_MAX_VALIDATORS = 256
+_schema_text = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _validator(schema: Mapping[str, Any]) -> Validator:
+    """A validator of ``schema`` resolving through ``_NO_RETRIEVAL`` (cached, see above)."""
+    try:
+        text = _schema_text(schema)
+    except (TypeError, ValueError):  # not JSON (e.g. a circular schema): never cached
+        return _validator_class(schema)(schema, registry=_NO_RETRIEVAL)
+    cached = _VALIDATORS.get(id(schema))
+    if cached is not None and cached[0] is schema and cached[1] == text:
+        return cached[2]
+    validator = _validator_class(schema)(schema, registry=_NO_RETRIEVAL)
+    if len(_VALIDATORS) >= _MAX_VALIDATORS:
+        _VALIDATORS.clear()
+    _VALIDATORS[id(schema)] = (schema, text, validator)
+    return validator
 
 
 def remote_references(schema: Any) -> list[str]:
@@ -161,7 +188,7 @@ def schema_errors(schema: Mapping[str, Any], instance: Any) -> list[SchemaError]
     Python cannot compile, raises ``InvalidSchema`` (the schema is unusable; a schema that
     passed ``check_schema`` has no such pattern and no remote reference).
     """
-    validator = _validator_class(schema)(schema, registry=_NO_RETRIEVAL)
+    validator = _validator(schema)
     try:
         found = sorted(
             (

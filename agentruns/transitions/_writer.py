@@ -34,6 +34,11 @@ from agentruns.exceptions import LeaseholdError, StateWriteFailed
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, AgentRunEvent, Status
 
+try:  # the server-binding cursor of psycopg 3 (``_cursor``)
+    from psycopg import Cursor as _ServerCursor
+except ImportError:  # pragma: no cover - psycopg 2 or no PostgreSQL driver
+    _ServerCursor = None  # type: ignore[assignment,misc]
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -132,9 +137,21 @@ _sql_cache: dict[tuple[Any, ...], str] = {}
 def _execute(db: BaseDatabaseWrapper, sql: str, params: list[Any]) -> int:
     """Run one statement; its row count. Like ``QuerySet.update``, an error marks an enclosing
     ``atomic`` block for rollback."""
-    with transaction.mark_for_rollback_on_error(db.alias), db.cursor() as cursor:
+    with transaction.mark_for_rollback_on_error(db.alias), _cursor(db) as cursor:
         cursor.execute(sql, params)
         return cast(int, cursor.rowcount)
+
+
+def _cursor(db: BaseDatabaseWrapper) -> Any:
+    """A cursor for the precompiled statements. PostgreSQL with psycopg 3: one that binds the
+    parameters on the server (sent beside the statement, never quoted into its text by the
+    client, which cost as much Python as the rest of a boundary), wrapped by Django like any
+    cursor (query log, execute wrappers). Never prepared unless the connection's
+    ``prepare_threshold`` says so (Django's default: never), so a transaction pooler is fine."""
+    if db.vendor != "postgresql" or _ServerCursor is None:
+        return db.cursor()
+    db.ensure_connection()
+    return db._prepare_cursor(_ServerCursor(db.connection))  # type: ignore[attr-defined]
 
 
 def _insert_sql(db: BaseDatabaseWrapper, rows: int) -> str:

@@ -109,34 +109,55 @@ def test_the_chain_hashes_exactly_the_documented_canonical_record(actor_id):
         {},
         {"b": 1.0, "a": [2.0, 2.5, ("t", None)], 3: {True: 1e16, "é": '\u2028 "q"'}},
         [1, {"z": {"y": [0.5]}}],
+        # Hostile values for the prebuilt encoder: big and negative integers, floats at the
+        # edges of their text forms, control and astral characters, deep nesting.
+        {
+            "big": 2**80,
+            "neg": -(2**70),
+            "f": [1e-7, -2.5e300, 0.1 + 0.2, -0.0, 1e16, 123456789.125],
+            "s": '\x00\x1f\u00e9\u4e2d\U0001f600\\/"',
+            "\U0001f600": {"deep": [[[[{"k": [True, False, None]}]]]]},
+        },
+        "a bare string \u2603",
+        2**64,
     ]
+    kinds = [EventKind.TOOL, "custom", EventKind.LLM, EventKind.REQUEST, "Ünïcode", "tool"]
     events = [
         EventSpec(kind, payload, actor_id=actor_id)
-        for kind, payload in zip([EventKind.TOOL, "custom", EventKind.LLM], payloads, strict=True)
+        for kind, payload in zip(kinds, payloads, strict=True)
     ]
-    links, head = ledger.chain(
-        run_uuid=run_uuid,
-        prev_hash=ledger.genesis(run_uuid),
-        first_sequence=41,
-        segment='seg "é" \\ 1',
-        lease_epoch=12,
-        events=events,
-    )
-
-    prev = ledger.genesis(run_uuid)
-    for sequence, (spec, link) in enumerate(zip(events, links, strict=True), start=41):
-        text = ledger.canonical(
-            run_uuid=run_uuid,
-            sequence=sequence,
-            kind=str(spec.kind),
-            payload=ledger.canonical_payload(spec.payload),
-            segment='seg "é" \\ 1',
-            lease_epoch=12,
-            actor_id=actor_id,
+    # Signers one after the other (``chain`` keeps the last one's text): each gets its own.
+    signers = [
+        (run_uuid, 'seg "é" \\ 1', 12),
+        (run_uuid, 'seg "é" \\ 1', 13),
+        (str(run_uuid).upper(), "worker:h:2", 13),
+        (uuid4(), "worker:h:2", 13),
+        (run_uuid, 'seg "é" \\ 1', 12),
+    ]
+    for signer_uuid, segment, epoch in signers:
+        links, head = ledger.chain(
+            run_uuid=signer_uuid,
+            prev_hash=ledger.genesis(signer_uuid),
+            first_sequence=41,
+            segment=segment,
+            lease_epoch=epoch,
+            events=events,
         )
-        assert link == ledger.Link(prev, ledger.link(prev, text))
-        prev = link.hash
-    assert head == prev
+        prev = ledger.genesis(signer_uuid)
+        for sequence, (spec, link) in enumerate(zip(events, links, strict=True), start=41):
+            text = ledger.canonical(
+                run_uuid=str(signer_uuid).lower(),
+                sequence=sequence,
+                kind=str(spec.kind),
+                payload=ledger.canonical_payload(spec.payload),
+                segment=segment,
+                lease_epoch=epoch,
+                actor_id=actor_id,
+            )
+            assert type(link) is ledger.Link
+            assert link == ledger.Link(prev, ledger.link(prev, text))
+            prev = link.hash
+        assert head == prev
 
 
 def test_a_queued_run_starts_at_its_genesis_and_chains_from_its_claim():

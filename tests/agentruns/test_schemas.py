@@ -232,3 +232,21 @@ def test_references_are_found_at_any_depth_and_under_every_reference_key():
     for _ in range(5000):  # deeper than the interpreter's recursion limit
         nested = {"items": nested}
     assert remote_references(nested) == ["http://x/deep.json"]
+
+
+def test_a_schema_changed_after_validating_is_validated_as_it_is_now():
+    """Validators are kept per schema object (``schemas._validator``): a schema mutated in place
+    is checked by its new text, and an equal schema elsewhere never borrows a stale one."""
+    schema: dict[str, Any] = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    assert schema_errors(schema, {"n": 1}) == []
+    assert schema_errors(schema, {"n": 1}) == []  # the kept validator
+    schema["properties"]["n"]["type"] = "string"
+    assert [e.path for e in schema_errors(schema, {"n": 1})] == [("n",)]
+    other = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    assert schema_errors(other, {"n": 1}) == []
+    assert [e.path for e in schema_errors(schema, {"n": 1})] == [("n",)]
+    # Same text, different values for Python (an integer key): never shared.
+    keyed: dict[str, Any] = {"type": "object", "properties": {1: {"type": "string"}}}
+    named: dict[str, Any] = {"type": "object", "properties": {"1": {"type": "string"}}}
+    assert schema_errors(keyed, {"1": 5}) == []
+    assert [e.path for e in schema_errors(named, {"1": 5})] == [("1",)]

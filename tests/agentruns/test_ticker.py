@@ -57,3 +57,34 @@ def test_a_ticker_reports_a_lease_lost_while_it_runs():
         _wait_until(lambda: ticker.lost)
 
     assert ticker.lost
+
+
+def test_a_call_under_a_default_ticker_does_not_wake_the_idle_thread(monkeypatch):
+    """Every provider and tool call registers a ticker with the default interval: the idle
+    scheduler thread already plans to wake sooner than that ticker is due, so registering it
+    sends no wake-up (a thread switch per call); a shorter interval still does."""
+    from agentruns.services.runtime import ticker as module
+
+    lease = lease_for(AgentRunFactory(running=True))
+    with LeaseTicker(lease, interval=0.01) as started:  # the thread is running
+        _wait_until(lambda: started.renewals >= 1)
+    scheduler = module._scheduler
+
+    def idle() -> bool:  # the thread has seen the block end and waits for a long while
+        with scheduler._cond:
+            wake_at = scheduler._wake_at
+            return not scheduler._due and (wake_at is None or wake_at > time.monotonic() + 5)
+
+    _wait_until(idle)
+    wakes = []
+    condition = module._scheduler._cond
+    original = condition.notify
+    monkeypatch.setattr(condition, "notify", lambda n=1: (wakes.append(n), original(n)))
+
+    for _ in range(20):
+        with LeaseTicker(lease):
+            pass
+    assert wakes == []
+    with LeaseTicker(lease, interval=0.01) as short:
+        _wait_until(lambda: short.renewals >= 1)
+    assert wakes

@@ -109,7 +109,9 @@ class _Scheduler:
         self._cond = threading.Condition()
         self._due: dict[LeaseTicker, float] = {}  # ticker -> monotonic time of its next renewal
         self._beating: LeaseTicker | None = None
-        self._wake_at: float | None = None  # when the thread plans to wake (None: idle)
+        # When the thread plans to wake (``None``: not started yet); ``add`` wakes it only for
+        # a ticker due before that.
+        self._wake_at: float | None = None
         self._thread: threading.Thread | None = None
 
     def add(self, ticker: LeaseTicker) -> None:
@@ -136,8 +138,13 @@ class _Scheduler:
             if due:
                 self._wake_at = now
                 return due
-            self._wake_at = min(self._due.values()) if self._due else None
-            self._cond.wait(None if self._wake_at is None else self._wake_at - now)
+            # Idle, the thread still wakes every default interval: a ticker registered with
+            # that interval (every provider and tool call) is then never due before the planned
+            # wake, and ``add`` need not wake the thread for it (a thread switch per call).
+            self._wake_at = (
+                min(self._due.values()) if self._due else now + conf.get("LEASE_SECONDS") / 3
+            )
+            self._cond.wait(self._wake_at - now)
 
     def _run(self) -> None:
         while True:
