@@ -109,13 +109,14 @@ def _claim_sql(db: BaseDatabaseWrapper, by: str, events: int) -> str:
         typed = ", ".join(f"CAST(%s AS {_EVENT_FIELDS[n].db_type(db)})" for n in _EVENT_COLUMNS[1:])
         values = ", ".join([f"({typed})"] * events)
         config = ", ".join(f"c.{q(f.column)}" for f in _CONFIG_FIELDS)
+        joined = f"c.{q(AgentConfiguration._meta.pk.column)} = u.{_quoted(db, 'configuration')}"
         _sql_cache[key] = (
             f"WITH u AS ({_claim_update_sql(db, by)} RETURNING {_run_columns(db)}), "
             f"e AS (INSERT INTO {q(AgentRunEvent._meta.db_table)} ({columns}) "
-            f"SELECT u.{q('id')}, v.* FROM u, (VALUES {values}) AS v) "
+            f"SELECT u.{q(AgentRun._meta.pk.column)}, v.* FROM u, (VALUES {values}) AS v) "
             f"SELECT {_run_columns(db, 'u.')}, {config} FROM u "
             f"LEFT JOIN {q(AgentConfiguration._meta.db_table)} c "
-            f"ON c.{q('id')} = u.{q(RUN_FIELDS['configuration'].column)}"
+            f"ON {joined}"
         )
     return _sql_cache[key]
 

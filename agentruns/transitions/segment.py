@@ -161,7 +161,10 @@ def run_claim_queued_row(
         where = Q(pk=run_id)
     fields = ("pk", "uuid", "status", "lease_epoch", ledger.SEQUENCE_FIELD, ledger.HEAD_FIELD)
     for _ in range(CLAIM_ATTEMPTS):
-        row = AgentRun.objects.filter(where).values(*fields).first()
+        try:
+            row = AgentRun.objects.filter(where).values(*fields).first()
+        except (ValidationError, ValueError):  # not an id: there is no such run
+            return None
         if row is None or row["status"] != Status.QUEUED:
             return None
         tail = _claim.Tail(
