@@ -124,3 +124,19 @@ def test_a_task_for_a_run_that_is_not_queued_changes_nothing():
     assert run_row_reads(queries) == 1
     assert snapshot(run.pk) == before
     assert events(run.pk) == stream
+
+
+@pytest.mark.postgres
+def test_on_postgresql_a_first_claim_is_one_statement_with_its_event_and_configuration():
+    run = queued_run()
+
+    with CaptureQueriesContext(connection) as queries:
+        assert tasks.process_run(str(run.uuid)) == "completed"
+
+    (claim,) = [
+        q["sql"] for q in queries.captured_queries if "SET \"status\" = 'running'" in q["sql"]
+    ]
+    assert 'INSERT INTO "agentruns_agentrunevent"' in claim
+    assert 'JOIN "agentruns_agentconfiguration"' in claim
+    sequence, kind, _, epoch = events(run.pk)[0]
+    assert (sequence, kind, epoch) == (0, EventKind.LEASE, 1)
