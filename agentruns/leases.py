@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 if TYPE_CHECKING:
-    from agentruns.models import AgentRun
+    from agentruns.models import AgentRun, AgentRunEvent
 
 
 @dataclass
@@ -54,3 +54,15 @@ class Decided:
     lease: Lease | None
     # The decision's event as written (for an observer: a live trace shows who decided).
     event: EventSpec | None = None
+
+
+@dataclass
+class Claimed:
+    """A claim of a queued run that took effect (``run_claim_queued_row``)."""
+
+    lease: Lease
+    # The row as the claim left it, with its configuration (read by the same statement).
+    run: AgentRun
+    # Every event of the run, when the claim knows them all (its first claim: its own), in
+    # sequence order; ``None``: read them.
+    events: list[AgentRunEvent] | None = None

@@ -171,14 +171,21 @@ def run_process_queued(*, run_uuid: UUID | str, reload_run: bool = True) -> Segm
     """The worker's segment: claim a queued run and continue it. ``None``: nothing to claim.
 
     ``reload_run=False`` (the django-q2 task, which reports only the outcome) spares the read at
-    the segment's end: the result's ``run`` is then the row as the segment loaded it.
+    the segment's end: the result's ``run`` is then the row as the claim left it. The segment
+    starts from the row, configuration and (on a first claim) events the claim handed back.
     """
-    lease = transitions.run_claim_queued(
+    claimed = transitions.run_claim_queued_row(
         run_uuid=run_uuid, identity=execution_identity(Segment.WORKER)
     )
-    if lease is None:
+    if claimed is None:
         return None
-    return continue_segment(lease, retry=dispatch.schedule_retry, reload_run=reload_run)
+    return continue_segment(
+        claimed.lease,
+        retry=dispatch.schedule_retry,
+        reload_run=reload_run,
+        run=claimed.run,
+        events=claimed.events,
+    )
 
 
 def run_cancel(*, run_uuid: UUID | str, actor: User | None = None, note: str = "") -> bool:

@@ -49,6 +49,7 @@ from agentruns.transitions.reaper import (
 from agentruns.transitions.segment import (
     birth_event,
     run_claim_queued,
+    run_claim_queued_row,
     run_clear_fence,
     run_enqueue,
     run_heartbeat,
@@ -65,6 +66,7 @@ __all__ = [
     "run_abandon",
     "run_cancel",
     "run_claim_queued",
+    "run_claim_queued_row",
     "run_clear_fence",
     "run_decide",
     "run_enqueue",

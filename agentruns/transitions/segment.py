@@ -11,18 +11,21 @@ from uuid import UUID
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F, Q
-from django.db.models.functions import Coalesce, Now
+from django.db.models import Q
+from django.db.models.functions import Now
 
 from agentruns import ledger
-from agentruns.leases import EventSpec, Lease
+from agentruns.leases import Claimed, EventSpec, Lease
 from agentruns.models import (
     AgentConfiguration,
     AgentRun,
+    AgentRunEvent,
     EventKind,
     Status,
 )
+from agentruns.transitions import _claim
 from agentruns.transitions._writer import (
+    RUN_FIELDS,
     DbValue,
     Later,
     guarded_write,
@@ -106,42 +109,97 @@ def run_enqueue(
 # --- Claims, heartbeat, fence --------------------------------------------------------------------
 
 
+#: How often a claim reads the run again when its guard matched a queued run that changed
+#: between the read and the claim (a reaper's redispatch appends an event to a queued run).
+CLAIM_ATTEMPTS = 3
+
+
 @state_write
 def run_claim_queued(
     *, identity: str, run_id: int | None = None, run_uuid: UUID | str | None = None
 ) -> Lease | None:
     """Claim a ``queued`` run, named by ``run_id`` or ``run_uuid``: ``running``, a lease for
-    ``identity``, epoch + 1.
+    ``identity``, epoch + 1 (``run_claim_queued_row``, without the row)."""
+    claimed = run_claim_queued_row(identity=identity, run_id=run_id, run_uuid=run_uuid)
+    return None if claimed is None else claimed.lease
 
-    A compare-and-set on ``(status, lease_epoch)``: of any number of concurrent claimers exactly
-    one matches. ``None`` means another worker won, the run is no longer queued (cancelled,
-    already running, terminal) or there is no such run: do nothing.
+
+@state_write
+def run_claim_queued_row(
+    *, identity: str, run_id: int | None = None, run_uuid: UUID | str | None = None
+) -> Claimed | None:
+    """Claim a ``queued`` run, named by ``run_id`` or ``run_uuid``: ``running``, a lease for
+    ``identity`` until the database clock plus ``LEASE_SECONDS``, epoch + 1, and a ``lease``
+    event. Returns the lease with the row as the claim left it and its configuration (and, on a
+    run's first claim, its events: the claim's own), so the segment reads none of them again.
+
+    A compare-and-set on ``(status, lease_epoch, next_sequence, ledger_head)`` in one statement
+    (``_claim``): of any number of concurrent claimers exactly one matches. A run named by uuid
+    is first tried as never claimed (no read); otherwise, or when that matches nothing, the row
+    is read and the guard tried with what it holds. ``None`` means another worker won, the run
+    is no longer queued (cancelled, already running, terminal) or there is no such run: do
+    nothing.
     """
     if (run_id is None) == (run_uuid is None):
         raise ValueError("name the run by run_id or by run_uuid")
-    where = Q(pk=run_id) if run_id is not None else Q(uuid=run_uuid)
-    try:
-        row = AgentRun.objects.filter(where).values("pk", "status", "lease_epoch", "uuid").first()
-    except (ValidationError, ValueError):  # not a uuid: there is no such run
-        return None
-    if row is None or row["status"] != Status.QUEUED:
-        return None
-    run_id = row["pk"]
-    lease = Lease(run_id, row["uuid"], identity, row["lease_epoch"] + 1, next_sequence=0)
-    claimed = guarded_write(
-        run_id,
-        Q(status=Status.QUEUED, lease_epoch=row["lease_epoch"]),
-        {
-            "status": Status.RUNNING,
-            "claimed_by": identity,
-            "lease_expires": DbValue.LEASE_DEADLINE,
-            "lease_epoch": lease.epoch,
-            "started_at": Coalesce(F("started_at"), Now()),
-        },
-        [EventSpec(EventKind.LEASE, {"action": "claimed"})],
-        lease=lease,
-    )
-    return lease if claimed else None
+    events = [EventSpec(EventKind.LEASE, {"action": "claimed"})]
+    if run_uuid is not None:
+        try:
+            named = RUN_FIELDS["uuid"].to_python(run_uuid)
+        except ValidationError:  # not a uuid: there is no such run
+            return None
+        if named is None:
+            return None
+        tail = _claim.Tail.unclaimed(named)
+        claimed = _claim.claim(
+            by="uuid", value=named, run_uuid=named, tail=tail, identity=identity, events=events
+        )
+        if claimed is not None:
+            return _claimed(claimed, tail, events)
+        where = Q(uuid=named)
+    else:
+        where = Q(pk=run_id)
+    fields = ("pk", "uuid", "status", "lease_epoch", ledger.SEQUENCE_FIELD, ledger.HEAD_FIELD)
+    for _ in range(CLAIM_ATTEMPTS):
+        try:
+            row = AgentRun.objects.filter(where).values(*fields).first()
+        except (ValidationError, ValueError):  # not an id: there is no such run
+            return None
+        if row is None or row["status"] != Status.QUEUED:
+            return None
+        tail = _claim.Tail(
+            row["lease_epoch"], row[ledger.SEQUENCE_FIELD], row[ledger.HEAD_FIELD], row["uuid"]
+        )
+        claimed = _claim.claim(
+            by="id",
+            value=row["pk"],
+            run_uuid=row["uuid"],
+            tail=tail,
+            identity=identity,
+            events=events,
+        )
+        if claimed is not None:
+            return _claimed(claimed, tail, events)
+    return None
+
+
+def _claimed(
+    claimed: tuple[Lease, AgentRun], tail: _claim.Tail, events: list[EventSpec]
+) -> Claimed:
+    """The claim's result; a run that had no events before it has exactly the claim's."""
+    lease, run = claimed
+    known = None
+    if tail.sequence == 0:
+        known = [
+            AgentRunEvent(
+                run_id=run.pk,
+                sequence=sequence,
+                kind=str(spec.kind),
+                payload=ledger.canonical_payload(spec.payload),
+            )
+            for sequence, spec in enumerate(events)
+        ]
+    return Claimed(lease, run, known)
 
 
 @state_write

@@ -1,9 +1,10 @@
-"""What the worker's task reads of the run row (docs/design.md §10): the claim reads it once,
-by uuid, and once more for the ledger head under the row its UPDATE holds (a head read before
-that UPDATE could be stale: a redispatch appends to a queued run without changing what the
-claim's guard compares); the segment loads it once; the task, which reports only the outcome,
-does not read it again at the end. A caller that wants the run after the segment still gets it
-read afresh."""
+"""What the worker's task reads and writes of the run (docs/design.md §10): the claim is one
+statement that takes the run and hands back the row as claimed with its configuration (a run
+never claimed is tried as such, without a read: ``lease_epoch`` 0, no events, the genesis head
+are part of the guard); the segment reads neither again, nor, on a first claim, the events (the
+claim's own are all there are); the task, which reports only the outcome, does not read the run
+at the end. A run claimed before (requeued, or queued again by a decision) is read once first.
+A caller that wants the run after the segment still gets it read afresh."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agentruns import tasks
-from agentruns.models import AgentRun, Status
+from agentruns import audit, tasks, transitions
+from agentruns.leases import EventSpec
+from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
 from agentruns.services import runs
 from tests.agentruns.factories import AgentConfigurationFactory
+from tests.agentruns.transitions_support import events, snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -29,8 +32,8 @@ def queued_run() -> AgentRun:
     )
 
 
-def run_row_reads(queries: CaptureQueriesContext) -> int:
-    table = f'FROM "{AgentRun._meta.db_table}"'
+def reads(queries: CaptureQueriesContext, model: type[AgentRun] | type[AgentRunEvent]) -> int:
+    table = f'FROM "{model._meta.db_table}"'
     return sum(
         1
         for query in queries.captured_queries
@@ -38,15 +41,26 @@ def run_row_reads(queries: CaptureQueriesContext) -> int:
     )
 
 
-def test_the_task_reads_the_run_row_twice_the_claim_and_the_segment():
+def run_row_reads(queries: CaptureQueriesContext) -> int:
+    return reads(queries, AgentRun)
+
+
+def claims(queries: CaptureQueriesContext) -> int:
+    """Statements that try to claim the run (each a guarded UPDATE setting it running)."""
+    return sum(1 for q in queries.captured_queries if "SET \"status\" = 'running'" in q["sql"])
+
+
+def test_a_first_claim_reads_neither_the_run_nor_its_events():
     run = queued_run()
 
     with CaptureQueriesContext(connection) as queries:
         assert tasks.process_run(str(run.uuid)) == "completed"
 
-    # The claim's UPDATE returns the ledger head and the next sequence (no SELECT of them).
-    assert run_row_reads(queries) == 2
+    assert run_row_reads(queries) == 0
+    assert reads(queries, AgentRunEvent) == 0
+    assert claims(queries) == 1
     assert AgentRun.objects.get(pk=run.pk).status == Status.COMPLETED
+    assert audit.verify(run_uuid=run.uuid).broken == []
 
 
 def test_a_caller_of_the_service_gets_the_run_as_the_segment_left_it():
@@ -57,16 +71,72 @@ def test_a_caller_of_the_service_gets_the_run_as_the_segment_left_it():
 
     assert result is not None and result.outcome == "completed"
     assert result.run.status == Status.COMPLETED  # read again at the end
-    assert run_row_reads(queries) == 3
+    assert run_row_reads(queries) == 1
 
 
-def test_a_task_for_a_run_that_is_not_queued_reads_it_once_and_does_nothing():
+def test_a_run_claimed_before_is_read_once_and_its_events_once():
+    run = queued_run()
+    lease = transitions.run_claim_queued(run_id=run.pk, identity="worker:gone:1")
+    assert lease is not None
+    assert transitions.run_requeue(lease, error={"type": "Timeout"})
+
+    with CaptureQueriesContext(connection) as queries:
+        assert tasks.process_run(str(run.uuid)) == "completed"
+
+    assert run_row_reads(queries) == 1
+    assert reads(queries, AgentRunEvent) == 1
+    assert claims(queries) == 2  # as never claimed: nothing matched; then as read
+    after = AgentRun.objects.get(pk=run.pk)
+    assert (after.status, after.lease_epoch) == (Status.COMPLETED, 2)
+    second = [kind for _, kind, _, epoch in events(run.pk) if epoch == 2]
+    assert second[0] == EventKind.LEASE
+    assert audit.verify(run_uuid=run.uuid).broken == []
+
+
+def test_an_event_appended_to_a_queued_run_is_chained_after_by_the_claim():
+    """A redispatch appends to a run that is still queued and never claimed: the claim's guard
+    (which pins the next sequence and the head) refuses the guess and claims from the row."""
+    run = queued_run()
+    assert transitions.run_mark_redispatched(
+        run_id=run.pk,
+        older_than_seconds=-60,
+        segment="reaper:r:1",
+        event=EventSpec(EventKind.REAPER, {"rule": "redispatch"}),
+    )
+
+    assert tasks.process_run(str(run.uuid)) == "completed"
+
+    assert [kind for _, kind, _, _ in events(run.pk)][:2] == [EventKind.REAPER, EventKind.LEASE]
+    assert audit.verify(run_uuid=run.uuid).broken == []
+
+
+def test_a_task_for_a_run_that_is_not_queued_changes_nothing():
     run = queued_run()
     assert tasks.process_run(str(run.uuid)) == "completed"
+    before, stream = snapshot(run.pk), events(run.pk)
 
     with CaptureQueriesContext(connection) as queries:
         assert tasks.process_run(str(run.uuid)) == "not claimed"
         assert tasks.process_run("not-a-uuid") == "not claimed"
 
+    # The claim tried as never claimed (matching nothing), then one read: not queued.
+    assert claims(queries) == 1
     assert run_row_reads(queries) == 1
-    assert [q["sql"] for q in queries.captured_queries if "UPDATE" in q["sql"]] == []
+    assert snapshot(run.pk) == before
+    assert events(run.pk) == stream
+
+
+@pytest.mark.postgres
+def test_on_postgresql_a_first_claim_is_one_statement_with_its_event_and_configuration():
+    run = queued_run()
+
+    with CaptureQueriesContext(connection) as queries:
+        assert tasks.process_run(str(run.uuid)) == "completed"
+
+    (claim,) = [
+        q["sql"] for q in queries.captured_queries if "SET \"status\" = 'running'" in q["sql"]
+    ]
+    assert 'INSERT INTO "agentruns_agentrunevent"' in claim
+    assert 'JOIN "agentruns_agentconfiguration"' in claim
+    sequence, kind, _, epoch = events(run.pk)[0]
+    assert (sequence, kind, epoch) == (0, EventKind.LEASE, 1)

@@ -28,6 +28,7 @@ from agentruns.models import (
     WRITE_EFFECTS,
     AgentConfiguration,
     AgentRun,
+    AgentRunEvent,
     Effect,
     EventKind,
     Status,
@@ -93,8 +94,12 @@ class RunSegment(ProviderStep):
         retry: RetryScheduler | None = None,
         observer: EventObserver | None = None,
         run: AgentRun | None = None,
+        events: list[AgentRunEvent] | None = None,
     ) -> None:
         self.lease = lease
+        # ``events``: the run's every event when the caller knows them (a first claim's own);
+        # otherwise ``_start`` reads them.
+        self._replay = events
         self.retry = retry
         self.observer = observer
         # ``run``: the row as a decision just locked and wrote it, with its configuration (read
@@ -153,7 +158,7 @@ class RunSegment(ProviderStep):
 
     def _start(self) -> Stop:
         try:
-            rehydrated = rehydrate(self.run)
+            rehydrated = rehydrate(self.run, self._replay)
         except NotRehydratable as exc:
             error = {"type": "NotRehydratable", "message": str(exc)}
             stop = self._settle(Status.FAILED, TerminationReason.NOT_RESUMABLE, error=error)
@@ -615,9 +620,12 @@ def continue_segment(
     observer: EventObserver | None = None,
     reload_run: bool = True,
     run: AgentRun | None = None,
+    events: list[AgentRunEvent] | None = None,
 ) -> SegmentResult:
     """Run ``lease``'s run from its last step boundary until it pauses, ends or is lost.
-    ``reload_run=False``: see ``RunSegment.execute``. ``run``: the row as the decision that
-    made ``lease`` locked and wrote it (``Decided.run``), instead of reading it again."""
-    segment = RunSegment(lease, retry=retry, observer=observer, run=run)
+    ``reload_run=False``: see ``RunSegment.execute``. ``run``: the row, with its configuration,
+    as the transition that made ``lease`` wrote it (``Decided.run``, ``Claimed.run``), instead
+    of reading it again; ``events``: all of the run's events, when that transition knows them
+    (``Claimed.events``)."""
+    segment = RunSegment(lease, retry=retry, observer=observer, run=run, events=events)
     return segment.execute(reload_run=reload_run)
