@@ -140,3 +140,19 @@ def test_on_postgresql_a_first_claim_is_one_statement_with_its_event_and_configu
     assert 'JOIN "agentruns_agentconfiguration"' in claim
     sequence, kind, _, epoch = events(run.pk)[0]
     assert (sequence, kind, epoch) == (0, EventKind.LEASE, 1)
+
+
+def test_a_segment_lists_the_tools_it_offers_once_not_every_round():
+    """Offering every tool reads the enabled MCP servers; a segment does that once, not once per
+    provider request (whether a call may run is still resolved afresh for every call)."""
+    from agentruns.services.runs import run_start_sync
+    from tests.agentruns.factories import AgentConfigurationFactory
+
+    turn = {"tool_calls": [{"name": "list_notes"}]}
+    configuration = AgentConfigurationFactory(
+        tools=[], script=[turn, turn, turn, {"content": "ok"}]
+    )
+    with CaptureQueriesContext(connection) as captured:
+        run_start_sync(configuration=configuration, prompt="go")
+    servers = [q for q in captured.captured_queries if '"agentruns_mcpserver"' in q["sql"]]
+    assert len(servers) == 1, [q["sql"][:80] for q in servers]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -35,6 +35,9 @@ class ToolGate:
 
     allowed: tuple[str, ...] | None
     narrowed: tuple[str, ...] | None
+    # What ``offered`` listed, kept for the gate's life (one segment): listing every tool reads
+    # the enabled MCP servers, which would be a query per provider request.
+    _offered: list[dict[str, Any]] = field(default_factory=list, compare=False, repr=False)
 
     @classmethod
     def for_run(cls, configuration: AgentConfiguration, request: Mapping[str, Any]) -> ToolGate:
@@ -64,7 +67,16 @@ class ToolGate:
         return tool.input_schema if tool is not None else None
 
     def offered(self) -> list[dict[str, Any]]:
-        """The OpenAI-style schemas of the tools offered to the model, in configured order."""
+        """The OpenAI-style schemas of the tools offered to the model, in configured order:
+        listed once per gate (per segment), so a tool registered or a server enabled meanwhile
+        is offered from the next segment on. Whether a call may run is never read from this
+        list: ``available`` resolves the tool afresh for every call (a server disabled or an
+        approval switch turned on counts at once: its call is unknown or waits for approval)."""
+        if not self._offered:
+            self._offered.extend(self._list_offered())
+        return [dict(schema) for schema in self._offered]
+
+    def _list_offered(self) -> list[dict[str, Any]]:
         names = self.allowed or tuple(t.name for t in registry.all())
         offered = []
         for name in names:
