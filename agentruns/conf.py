@@ -16,6 +16,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 
 DEFAULTS: dict[str, Any] = {
     # Seconds a segment's lease lasts; renewed at every step boundary and every third of it.
@@ -71,6 +72,11 @@ DEFAULTS: dict[str, Any] = {
     # Most each initiator's runs may spend per UTC day, all configurations together (a decimal,
     # in COST_CURRENCY); empty: no per-user budget. Read by agentruns.budgets.
     "USER_DAILY_BUDGET": "",
+    # PostgreSQL (psycopg 3): the step boundary's statements are prepared on the server, once per
+    # connection, so each boundary is executed without being parsed and planned again. Switch it
+    # off behind a transaction-mode pooler that does not keep prepared statements (PgBouncer
+    # before 1.21, or without max_prepared_statements). Django's own queries are never prepared.
+    "PREPARED_STATEMENTS": True,
 }
 
 
@@ -126,15 +132,32 @@ def settings_from_env(environ: Mapping[str, str]) -> dict:
     return parsed
 
 
+# The project's ``AGENTRUNS`` dict (the object itself, so a change made in it is seen), looked
+# up once instead of through ``settings`` on every call (several per step boundary); forgotten
+# whenever a setting changes (``override_settings``, pytest-django's ``settings``).
+_project: dict[str, Any] | None = None
+
+
+def _forget_project(**kwargs: Any) -> None:
+    global _project
+    _project = None
+
+
+setting_changed.connect(_forget_project, dispatch_uid="agentruns.conf")
+
+
 def get(name: str) -> Any:
     """One ``AGENTRUNS`` value, read at call time so ``override_settings`` works in tests.
 
     The project's ``AGENTRUNS[name]`` when it has one (the setting may be absent or partial),
     else the default. Raises ``ImproperlyConfigured`` for a name that has no default.
     """
-    from django.conf import settings
+    global _project
+    configured = _project
+    if configured is None:
+        from django.conf import settings
 
-    configured = getattr(settings, "AGENTRUNS", None) or {}
+        configured = _project = getattr(settings, "AGENTRUNS", None) or {}
     if name in configured:
         return configured[name]
     if name in DEFAULTS:

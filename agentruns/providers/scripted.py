@@ -147,6 +147,9 @@ class ScriptedProvider:
     def __init__(self, *, script: Any, model: str = "") -> None:
         self.script = script
         self.model = model or "scripted"
+        # The script is checked on the first call (a provider lives for one segment). Nothing
+        # of a dialogue is kept.
+        self._checked: list[dict[str, Any]] | None = None
 
     @classmethod
     @contextmanager
@@ -224,7 +227,9 @@ class ScriptedProvider:
         before anything else."""
         index = _assistant_count(messages)
         self._record(run_uuid, messages)
-        script = validate_script(self.script)
+        if self._checked is None:
+            self._checked = validate_script(self.script)
+        script = self._checked
         if index >= len(script):
             raise ProviderError(
                 f"The script has {len(script)} turn(s) and turn {index} was requested.",

@@ -145,13 +145,43 @@ def _execute(db: BaseDatabaseWrapper, sql: str, params: list[Any]) -> int:
 def _cursor(db: BaseDatabaseWrapper) -> Any:
     """A cursor for the precompiled statements. PostgreSQL with psycopg 3: one that binds the
     parameters on the server (sent beside the statement, never quoted into its text by the
-    client, which cost as much Python as the rest of a boundary), wrapped by Django like any
-    cursor (query log, execute wrappers). Never prepared unless the connection's
-    ``prepare_threshold`` says so (Django's default: never), so a transaction pooler is fine."""
+    client, which cost as much Python as the rest of a boundary) and, with
+    ``PREPARED_STATEMENTS`` (the default), prepares each statement on the server the first time
+    the connection runs it (``_PreparingCursor``); wrapped by Django like any cursor (query log,
+    execute wrappers)."""
     if db.vendor != "postgresql" or _ServerCursor is None:
         return db.cursor()
     db.ensure_connection()
-    return db._prepare_cursor(_ServerCursor(db.connection))  # type: ignore[attr-defined]
+    connection = db.connection
+    if not conf.get("PREPARED_STATEMENTS"):
+        return db._prepare_cursor(_ServerCursor(connection))  # type: ignore[attr-defined]
+    if connection.prepare_threshold is None:
+        # Django switches psycopg's preparing off (``prepare_threshold=None``), which refuses
+        # even an explicit ``prepare=True``. A threshold no query reaches switches it back on
+        # for the statements that ask (these); Django's own cursors bind on the client and are
+        # never prepared whatever the threshold.
+        connection.prepare_threshold = _ONLY_WHEN_ASKED
+    return db._prepare_cursor(_PreparingCursor(connection))  # type: ignore[attr-defined]
+
+
+_ONLY_WHEN_ASKED = 2**62
+
+if _ServerCursor is not None:
+
+    class _PreparingCursor(_ServerCursor):
+        """psycopg's server-binding cursor that prepares every statement it executes (psycopg
+        keeps the prepared statements per connection and replaces them when a schema change or
+        a full cache asks for it)."""
+
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            kwargs.setdefault("prepare", True)
+            return super().execute(query, params, **kwargs)
+
+        def _send_query_prepared(self, name: bytes, pgq: Any, **kwargs: Any) -> None:
+            # psycopg keeps the statement it sent (``_query``) only when it sends its text; a
+            # prepared one is sent by name. Django's query log reads the statement from there.
+            self._query = pgq
+            super()._send_query_prepared(name, pgq, **kwargs)
 
 
 def _insert_sql(db: BaseDatabaseWrapper, rows: int) -> str:

@@ -116,6 +116,20 @@ def test_scripted_estimates_usage_deterministically_unless_given():
     }
 
 
+def test_scripted_checks_its_script_once_per_provider():
+    """A provider lives for one segment: a malformed script is refused on every call, a
+    well-formed one is checked on the first call only."""
+    malformed = provider_for(scripted_config([{"content": 1}]), {})
+    for _ in range(2):
+        with pytest.raises(ProviderError) as caught:
+            complete(malformed, dialogue(0))
+        assert caught.value.kind == ErrorKind.SCRIPT_INVALID
+    provider = provider_for(scripted_config([dict(turn) for turn in SCRIPT]), {})
+    complete(provider, dialogue(0))
+    provider.script.append({"content": 2})  # no longer well-formed, but already checked
+    assert complete(provider, dialogue(1)).content == "done"
+
+
 def test_scripted_running_out_of_turns_is_a_fatal_provider_error():
     provider = provider_for(scripted_config(), {})
     with pytest.raises(ProviderError) as caught:

@@ -13,7 +13,7 @@ from agentruns import budgets, transitions
 from agentruns.exceptions import StateWriteFailed
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentConfiguration, AgentRun, EventKind, Status, TerminationReason
-from agentruns.providers import ProviderError, ProviderReply, provider_for
+from agentruns.providers import Provider, ProviderError, ProviderReply, provider_for
 from agentruns.providers.base import checked_reply
 from agentruns.services.runtime.failures import provider_error, retry_policy
 from agentruns.services.runtime.results import Outcome, RetryScheduler, Stop
@@ -42,6 +42,8 @@ class ProviderStep:
     retry: RetryScheduler | None
     # An answer's cost to record in the spend ledger with the write that records its event.
     _charge: budgets.Charge | None = None
+    # The segment's provider, built for its first call (the configuration is read per segment).
+    _provider: Provider | None = None
 
     def _boundary(self, events: list[EventSpec], *, clear_fence: bool = False) -> Stop | None:
         raise NotImplementedError
@@ -95,7 +97,9 @@ class ProviderStep:
             budgets.release(reservation)
             return stop
         self._system_recorded, self._tools_recorded = system, names
-        provider = provider_for(self.config, self.request)
+        if self._provider is None:
+            self._provider = provider_for(self.config, self.request)
+        provider = self._provider
         started = time.monotonic()
         with LeaseTicker(self.lease) as ticker:
             try:

@@ -456,9 +456,9 @@ class RunSegment(ProviderStep):
             lease=self.lease,
             initiator_id=self.run.initiator_id,
             run_uuid=self.run.uuid,
-            # The stamp also saves the state: a decision applied by this segment is durable
-            # before the write starts (a reconciliation must find the turn approved).
-            loop_state=self.state.to_json(),
+            # A write's stamp also saves the state: a decision applied by this segment is
+            # durable before the write starts (a reconciliation must find the turn approved).
+            loop_state=self.state.to_json() if effect in WRITE_EFFECTS else None,
         )
         if step.result is None:  # the fence stamp matched no row: the write did not start
             return self._lost(at="fence")
