@@ -25,14 +25,14 @@ from django.utils import timezone
 from agentruns import ledger
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, AgentRunEvent
-from agentruns.transitions._writer import (
-    _EVENT_BATCH,
-    _EVENT_FIELDS,
+from agentruns.transitions._sql import (
+    EVENT_BATCH,
+    EVENT_FIELDS,
     NOW_SQL,
     RUN_FIELDS,
-    _execute,
-    _insert_sql,
     event_row,
+    insert_sql,
+    run_statement,
 )
 
 
@@ -212,10 +212,10 @@ def insert_batch_events(
     if not events:
         return
     db = _db()
-    created = _EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
+    created = EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
     items = list(events.items())
-    for start in range(0, len(items), _EVENT_BATCH):
-        chunk = items[start : start + _EVENT_BATCH]
+    for start in range(0, len(items), EVENT_BATCH):
+        chunk = items[start : start + EVENT_BATCH]
         params: list[Any] = []
         for run_id, spec in chunk:
             params += event_row(
@@ -227,4 +227,4 @@ def insert_batch_events(
                 chained.links[run_id],
                 created,
             )
-        _execute(db, _insert_sql(db, len(chunk)), params)
+        run_statement(db, insert_sql(db, len(chunk)), params)

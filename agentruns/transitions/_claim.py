@@ -32,11 +32,11 @@ from django.utils import timezone
 from agentruns import conf, ledger
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentConfiguration, AgentRun, AgentRunEvent, Status
-from agentruns.transitions._writer import (
-    _DURATION,
-    _EVENT_COLUMNS,
-    _EVENT_FIELDS,
+from agentruns.transitions._sql import (
     DEADLINE_SQL,
+    DURATION,
+    EVENT_COLUMNS,
+    EVENT_FIELDS,
     NOW_SQL,
     RUN_FIELDS,
     event_row,
@@ -99,14 +99,14 @@ def _run_columns(db: BaseDatabaseWrapper, prefix: str = "") -> str:
 
 def _claim_sql(db: BaseDatabaseWrapper, by: str, events: int) -> str:
     """PostgreSQL: the claim's ``UPDATE``, the INSERT of ``events`` events (their parameters,
-    in ``_EVENT_COLUMNS`` order without the run, after the ``UPDATE``'s; the run's id comes from
+    in ``EVENT_COLUMNS`` order without the run, after the ``UPDATE``'s; the run's id comes from
     the ``UPDATE``) and the row as claimed with its configuration's columns, as one statement.
     No row: the guard matched nothing, and nothing was written."""
     key = ("claim", db.vendor, by, events)
     if key not in _sql_cache:
         q = db.ops.quote_name
-        columns = ", ".join(q(_EVENT_FIELDS[name].column) for name in _EVENT_COLUMNS)
-        typed = ", ".join(f"CAST(%s AS {_EVENT_FIELDS[n].db_type(db)})" for n in _EVENT_COLUMNS[1:])
+        columns = ", ".join(q(EVENT_FIELDS[name].column) for name in EVENT_COLUMNS)
+        typed = ", ".join(f"CAST(%s AS {EVENT_FIELDS[n].db_type(db)})" for n in EVENT_COLUMNS[1:])
         values = ", ".join([f"({typed})"] * events)
         config = ", ".join(f"c.{q(f.column)}" for f in _CONFIG_FIELDS)
         joined = f"c.{q(AgentConfiguration._meta.pk.column)} = u.{_quoted(db, 'configuration')}"
@@ -151,13 +151,13 @@ def claim(
         events=events,
     )
     end = tail.sequence + len(events)
-    deadline = _DURATION.get_db_prep_value(timedelta(seconds=conf.get("LEASE_SECONDS")), db)
+    deadline = DURATION.get_db_prep_value(timedelta(seconds=conf.get("LEASE_SECONDS")), db)
     params: list[Any] = [identity, deadline, epoch, head, end]
     params += [RUN_FIELDS[by].get_db_prep_value(value, db), str(Status.QUEUED)]
     params += [tail.epoch, tail.sequence, tail.stored_head]
     run_fields = list(RUN_FIELDS.values())
     if db.vendor == "postgresql":
-        created = _EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
+        created = EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
         for offset, spec in enumerate(events):
             row = event_row(
                 db, 0, tail.sequence + offset, spec, (identity, epoch), links[offset], created

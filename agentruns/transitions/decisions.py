@@ -23,8 +23,8 @@ from agentruns.models import (
     Status,
     TerminationReason,
 )
+from agentruns.transitions._sql import RUN_FIELDS
 from agentruns.transitions._writer import (
-    RUN_FIELDS,
     DbValue,
     guarded_write,
     state_write,

@@ -24,12 +24,11 @@ from agentruns.models import (
     Status,
 )
 from agentruns.transitions import _claim
+from agentruns.transitions._sql import RUN_FIELDS, insert_events
 from agentruns.transitions._writer import (
-    RUN_FIELDS,
     DbValue,
     Later,
     guarded_write,
-    insert_events,
     lease_deadline,
     segment_write,
     state_write,

@@ -35,7 +35,7 @@ from agentruns.models import (
 from agentruns.services import reaper, runs
 from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.transcript import EXPIRED_MESSAGE
-from agentruns.transitions import _writer
+from agentruns.transitions import _sql
 from agentruns.turns import read_pending_turn
 from tests.agentruns.factories import AgentConfigurationFactory
 from tests.agentruns.runtime_support import (
@@ -362,7 +362,7 @@ def test_a_settle_whose_event_cannot_be_written_changes_nothing_and_the_next_pas
         raise OperationalError("could not write to file: No space left on device")
 
     with monkeypatch.context() as patch:
-        patch.setattr(_writer, "event_row", refuse)
+        patch.setattr(_sql, "event_row", refuse)
         [verdict] = reaper.reap_stale_runs().expired
 
     assert verdict.verdict == "skipped" and "state write failed" in verdict.detail

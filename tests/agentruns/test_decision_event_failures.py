@@ -26,7 +26,7 @@ from agentruns.exceptions import StateWriteFailed
 from agentruns.models import AgentRun, AgentRunEvent, EventKind
 from agentruns.services import runs
 from agentruns.services.runtime.results import Outcome, SegmentResult
-from agentruns.transitions import _writer, decisions
+from agentruns.transitions import _sql, decisions
 from agentruns.turns import read_pending_turn
 from tests.agentruns.runtime_support import (
     call,
@@ -144,7 +144,7 @@ def insert_error(monkeypatch: pytest.MonkeyPatch) -> type[DatabaseError]:
 
     # Every event row passes through ``event_row`` (on PostgreSQL the UPDATE and the INSERT
     # are one statement, so this is where the insert can fail apart from the UPDATE).
-    monkeypatch.setattr(_writer, "event_row", refuse)
+    monkeypatch.setattr(_sql, "event_row", refuse)
     return OperationalError
 
 
