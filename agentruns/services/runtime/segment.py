@@ -34,17 +34,11 @@ from agentruns.models import (
     Status,
     TerminationReason,
 )
-from agentruns.services import dispatch
 from agentruns.services.runtime.decisions import apply_decision
 from agentruns.services.runtime.failures import (
     settle_internal_error,
-    totals,
 )
-from agentruns.services.runtime.previews import (
-    make_preview,
-    preview_changed_event,
-    preview_open_calls,
-)
+from agentruns.services.runtime.pauses import Pauses
 from agentruns.services.runtime.provider_step import ProviderStep
 from agentruns.services.runtime.results import (
     EventObserver,
@@ -53,7 +47,6 @@ from agentruns.services.runtime.results import (
     SegmentResult,
     Stop,
 )
-from agentruns.services.runtime.ticker import LeaseTicker
 from agentruns.services.runtime.tool_step import (
     ToolGate,
     denied_event,
@@ -68,20 +61,19 @@ from agentruns.services.runtime.transcript import (
 from agentruns.tools import Tool
 from agentruns.tools.mcp_sessions import SessionScope, session_scope
 from agentruns.tools.registry import argument_errors, overlay_input
-from agentruns.transitions.deadlines import WaitDeadline
 from agentruns.turns import (
     Call,
     LoopState,
-    PendingTurn,
-    Preview,
     Turn,
 )
 
 logger = logging.getLogger(__name__)
 
 
-class RunSegment(ProviderStep):
-    """One stretch of execution of a run under ``lease``.
+class RunSegment(Pauses, ProviderStep):
+    """One stretch of execution of a run under ``lease``: the loop and its boundaries here, the
+    provider step (``ProviderStep``) and the pauses and endings (``Pauses``) in their mixins
+    (``Pauses`` first: ``ProviderStep`` only declares the settle it calls).
 
     ``retry`` (workers only) schedules a delayed wake-up after a retryable failure was requeued;
     without it failures settle the run. ``observer`` sees every event once its boundary committed.
@@ -378,53 +370,6 @@ class RunSegment(ProviderStep):
                 return stop
         return None
 
-    # -- previews --
-
-    def _preview(self, tool: Tool, call: Call) -> Preview | None:
-        return make_preview(
-            tool,
-            call,
-            run_uuid=self.run.uuid,
-            initiator_id=self.run.initiator_id,
-            fencing_token=self.lease.epoch,
-        )
-
-    def _suspend_for_approval(self, turn: Turn) -> Stop:
-        """Suspend for a decision on the turn's open calls, each write previewed first (the
-        previews are kept on the turn too: the digest that binds the decision covers them)."""
-        with LeaseTicker(self.lease):
-            preview_open_calls(turn, tool_of=self.gate.available, preview=self._preview)
-        return self._suspend(
-            Status.WAITING_FOR_APPROVAL,
-            PendingTurn.for_approval(self.gate.shown(c) for c in turn.open_calls()),
-            Outcome.AWAITING_APPROVAL,
-        )
-
-    def _preview_changed(self, turn: Turn, call: Call, tool: Tool | None) -> Stop | None:
-        """Compare-and-swap: before an approved call whose approval showed a preview runs, the
-        preview is made again. ``None``: the same (or nothing to compare) — run it. Otherwise
-        nothing runs: a ``verification`` event records both previews and the turn waits for
-        approval again on a fresh card. Off when the configuration keeps previews as
-        snapshots."""
-        approved = call.preview
-        if (
-            tool is None
-            or approved is None
-            or not approved.ok
-            or turn.approved is not True
-            or self.config.preview_is_snapshot
-        ):
-            return None
-        with LeaseTicker(self.lease) as ticker:
-            fresh = self._preview(tool, call)
-        if ticker.lost:
-            return self._lost(at="preview")
-        if approved.still_holds(fresh):
-            return None
-        turn.approved = None
-        changed = preview_changed_event(call, approved, fresh)
-        return self._boundary([changed]) or self._suspend_for_approval(turn)
-
     def _answer_invalid_arguments(self, turn: Turn) -> Stop | None:
         """Calls whose arguments break their tool's schema are answered to the model as errors
         at once — never shown for approval, never run."""
@@ -492,125 +437,6 @@ class RunSegment(ProviderStep):
         return self._step_done(
             [event], clear_fence=effect in WRITE_EFFECTS, last_of_turn=last_of_turn
         )
-
-    # -- suspending --
-
-    def _park_in_doubt(self, call: Call, arguments: Any, reason: str, *, lost: bool) -> Stop:
-        """A non-idempotent write whose tool could not tell whether it happened is in doubt,
-        exactly like one whose segment died: never reported to the model as a failure (it would
-        propose it again, under a new key), never retried. The run waits for reconciliation with
-        the fence kept (docs/design.md §9.1)."""
-        stamped = Call(call.id, call.name, arguments=arguments, effect=Effect.NON_IDEMPOTENT_WRITE)
-        doubt = EventSpec(
-            EventKind.IN_DOUBT,
-            {"call_id": call.id, "name": call.name, "arguments": arguments, "error": reason},
-        )
-        if lost:
-            return self._lost(at="tool", completed=[doubt])
-        if stop := self._flush():
-            return stop
-        check = dispatch.initial_check(self.gate.available(call.name))
-        pending = PendingTurn.in_doubt(
-            stamped,
-            run_uuid=self.run.uuid,
-            segment=self.lease.owner,
-            lease_epoch=self.lease.epoch,
-            reason=reason,
-            check=check,
-        )
-        if transitions.run_park_in_doubt(
-            self.lease, pending_turn=pending, loop_state=self.state.to_json(), events=[doubt]
-        ):
-            if check is not None:  # the call's tool checks whether it landed (§9.2)
-                dispatch.check_after_commit(str(self.run.uuid))
-            if self.observer is not None:
-                self.observer(doubt)
-            return Stop(Outcome.AWAITING_RECONCILIATION)
-        return self._lost(completed=[doubt])
-
-    def _suspend(self, status: str, pending: PendingTurn, outcome: str) -> Stop:
-        # Deferred steps (the answer that proposed the turn) are written with the suspend; a
-        # deferred fence clear needs a boundary of its own first.
-        if self._deferred_clear and (stop := self._flush()):
-            return stop
-        carried, self._deferred = self._deferred, []
-        written: list[AgentRun] = []
-        cost = self.state.usage.cost if self._charge is not None else None
-        if self._charged(
-            lambda: transitions.run_suspend(
-                self.lease,
-                status=status,
-                pending_turn=pending,
-                loop_state=self.state.to_json(),
-                deadline=WaitDeadline.of(self.config),
-                events=carried,
-                written=written,
-                cost=cost,
-            )
-        ):
-            if written:
-                self._parked = written[0]
-                self._parked.configuration = self.config  # as read by this segment
-            if self.observer is not None:
-                for spec in carried:
-                    self.observer(spec)
-            return Stop(outcome)
-        # Cancelled (or lost) meanwhile: never announce a resumable pause.
-        lost = self._lost(completed=carried)
-        return lost if lost.outcome == Outcome.CANCELLED else Stop(Outcome.SUSPEND_FAILED)
-
-    def _suspend_for_input(self, call: Call, tool: Tool) -> Stop:
-        asking = Call(id=call.id, name=call.name, arguments=call.arguments, effect=str(tool.effect))
-        pending = PendingTurn.for_input(asking, tool.input_schema or {})
-        return self._suspend(Status.WAITING_FOR_INPUT, pending, Outcome.AWAITING_INPUT)
-
-    # -- endings --
-
-    def _settle(
-        self,
-        status: str,
-        reason: str,
-        *,
-        output: str = "",
-        error: dict[str, Any] | None = None,
-        truncated: bool = False,
-        events: list[EventSpec] | None = None,
-    ) -> Stop | None:
-        """End the run in ``status`` with ``reason`` under the lease, appending ``events`` in the
-        same write. ``None``: settled."""
-        if stop := self._flush():
-            return stop
-        settled = self._charged(
-            lambda: transitions.run_settle(
-                run_id=self.lease.run_id,
-                lease=self.lease,
-                status=status,
-                reason=reason,
-                output=output,
-                error=error,
-                totals=totals(self.state, truncated=truncated),
-                events=events or (),
-            )
-        )
-        if not settled:
-            return self._lost(completed=events)
-        if self.observer is not None:
-            for spec in events or ():
-                self.observer(spec)
-        return None
-
-    def _settle_completed(
-        self, output: str, answered: EventSpec | None, *, truncated: bool
-    ) -> Stop:
-        reason = TerminationReason.MAX_ITERATIONS if truncated else TerminationReason.COMPLETED
-        stop = self._settle(
-            Status.COMPLETED,
-            reason,
-            output=output,
-            truncated=truncated,
-            events=[answered] if answered is not None else None,
-        )
-        return stop or Stop.of(Outcome.COMPLETED, reason=reason)
 
 
 def continue_segment(
