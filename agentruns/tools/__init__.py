@@ -5,6 +5,7 @@ goes through ``agentruns.services.runtime`` (the fence hook is always installed 
 here stamps or checks a lease.
 """
 
+from agentruns.tools.invocation import ToolResult, invoke_tool, overlay_input, validate_input
 from agentruns.tools.registry import (
     CheckAnswer,
     CheckContext,
@@ -14,12 +15,8 @@ from agentruns.tools.registry import (
     ToolContext,
     ToolDefinitionError,
     ToolRegistry,
-    ToolResult,
-    invoke_tool,
-    overlay_input,
     registry,
     tool,
-    validate_input,
 )
 
 __all__ = [

@@ -1,19 +1,19 @@
 """The tool registry: code declares each tool's name, schema, description and effect (docs/design.md
 §4.1).
 
-Owns the definitions of tools, how a name resolves to a tool (static tools first, then dynamic
-resolvers such as MCP servers) and how one call is validated and executed. It must never stamp,
-check or clear a lease or a fence: the runtime calls ``invoke_tool`` only after its fence hook.
+Owns the definitions of tools, the context a call receives and how a name resolves to a tool
+(static tools first, then dynamic resolvers such as MCP servers); one call is validated and
+executed by ``agentruns.tools.invocation``. It must never stamp, check or clear a lease or a
+fence: the runtime calls ``invoke_tool`` only after its fence hook.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -23,10 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from agentruns.models import WRITE_EFFECTS, Effect
 from agentruns.tools.schemas import (
     InvalidSchema,
-    SchemaError,
     check_schema,
-    input_errors,
-    schema_errors,
 )
 from agentruns.turns import canonical_json
 
@@ -115,7 +112,7 @@ class CheckAnswer:
     def __post_init__(self) -> None:
         if self.verdict not in CHECK_VERDICTS:
             raise ValueError(f"a check answers one of {', '.join(CHECK_VERDICTS)}")
-        object.__setattr__(self, "evidence", _truncate(str(self.evidence), MAX_EVIDENCE_CHARS))
+        object.__setattr__(self, "evidence", truncated(str(self.evidence), MAX_EVIDENCE_CHARS))
 
     @classmethod
     def landed(cls, evidence: str = "", *, result: Any = None) -> CheckAnswer:
@@ -456,138 +453,11 @@ def tool(
     return decorate
 
 
-@dataclass(frozen=True)
-class ToolResult:
-    """The outcome of one call. ``ok`` False means the body failed or never ran (``error``).
-    ``in_doubt``: the tool could not tell whether its effect happened (``OutcomeUnknown``)."""
-
-    ok: bool
-    content: Any  # JSON-serialisable; what the model sees
-    error: str = ""
-    in_doubt: bool = False
-
-    @classmethod
-    def success(cls, content: Any) -> ToolResult:
-        return cls(ok=True, content=content)
-
-    @classmethod
-    def failure(cls, error: str) -> ToolResult:
-        return cls(ok=False, content=None, error=error)
-
-    def as_message_content(self) -> str:
-        """The tool message the model sees: JSON of ``content``, or ``{"error": ...}``.
-
-        Canonical (sorted keys): a continuing segment derives it again from the stored result,
-        which PostgreSQL's ``jsonb`` keeps with its keys reordered."""
-        if not self.ok:
-            return json.dumps({"error": self.error}, ensure_ascii=False)
-        return json.dumps(self.content, ensure_ascii=False, sort_keys=True)
-
-    def as_dict(self) -> dict[str, Any]:
-        """``{"ok", "content", "error"}`` for an event payload."""
-        return {"ok": self.ok, "content": self.content, "error": self.error}
-
-
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
     """A log line: whitespace (newlines included) collapsed, at most 500 characters."""
     flat = " ".join(text.split())
     return flat if len(flat) <= 500 else flat[:499] + "…"
 
 
-def _truncate(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+def truncated(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def argument_errors(tool: Tool, arguments: Any) -> str | None:
-    """Why ``arguments`` may not be passed to ``tool`` (a message the model can act on), or None.
-
-    Non-object arguments, the provider's ``_unparsed_arguments`` marker (the model sent text
-    that is not JSON) and schema violations are refused, and so is every call of a tool whose
-    schema cannot be applied (``InvalidSchema``: a definition that bypassed ``check_tool``).
-    """
-    if not isinstance(arguments, Mapping):
-        return (
-            f"arguments for tool {tool.name!r} must be a JSON object matching its schema, "
-            f"got {type(arguments).__name__}"
-        )
-    if UNPARSED_ARGUMENTS_KEY in arguments:
-        raw = str(arguments[UNPARSED_ARGUMENTS_KEY])[:200]
-        return (
-            f"arguments for tool {tool.name!r} were not valid JSON ({raw!r}); "
-            "call it again with a JSON object matching its schema"
-        )
-    try:
-        problems = schema_errors(tool.parameters, dict(arguments))
-    except InvalidSchema as exc:
-        return f"tool {tool.name!r} cannot be called: its argument schema is unusable ({exc})"
-    if problems:
-        return f"invalid arguments for tool {tool.name!r}: " + "; ".join(map(str, problems))
-    return None
-
-
-def invoke_tool(tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
-    """Validate arguments (jsonschema) and call; invalid arguments or a raise → error result.
-
-    Never raises for the tool's sake (only ``BaseException``s such as ``KeyboardInterrupt``
-    pass): refused arguments mean the body never runs; an exception in the body becomes
-    ``"<ExceptionType>: <message>"`` (logged with its traceback); a return value that is not
-    strict JSON becomes an error result. On success ``content`` is the JSON round-trip of the
-    return value, so what is stored equals what the model sees. The body gets a deep copy of
-    the arguments. No lease or fence is checked here.
-    """
-    refused = argument_errors(tool, arguments)
-    if refused is not None:
-        return ToolResult.failure(refused)
-    try:
-        returned = tool.func(context, copy.deepcopy(dict(arguments)))
-    except OutcomeUnknown as exc:
-        logger.warning(
-            "tool %r: outcome unknown (call %s): %s",
-            tool.name,
-            context.call_id,
-            _one_line(str(exc)),
-        )
-        return ToolResult(
-            ok=False, content=None, error=_truncate(f"outcome unknown: {exc}"), in_doubt=True
-        )
-    except RemoteToolError as exc:
-        logger.warning(
-            "tool %r failed (call %s): %s", tool.name, context.call_id, _one_line(str(exc))
-        )
-        return ToolResult.failure(_truncate(f"{type(exc).__name__}: {exc}"))
-    except Exception as exc:
-        logger.exception("tool %r failed (call %s)", tool.name, context.call_id)
-        return ToolResult.failure(_truncate(f"{type(exc).__name__}: {exc}"))
-    try:
-        encoded = json.dumps(returned, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        logger.error("tool %r returned a value that is not JSON: %s", tool.name, exc)
-        return ToolResult.failure(
-            _truncate(f"tool {tool.name!r} returned a value that is not JSON-serialisable: {exc}")
-        )
-    return ToolResult.success(json.loads(encoded))
-
-
-def validate_input(tool: Tool, values: Any) -> list[SchemaError]:
-    """Problems with human-supplied ``values`` for ``tool.input_schema`` (``input_errors``);
-    empty when valid. A tool without an input schema accepts no input (one error says so).
-    Raises ``InvalidSchema`` for a schema that cannot be applied.
-    """
-    if tool.input_schema is None:
-        return [SchemaError((), f"tool {tool.name!r} takes no human input")]
-    return input_errors(tool.input_schema, values)
-
-
-def overlay_input(tool: Tool, arguments: Mapping[str, Any], values: Mapping[str, Any]) -> dict:
-    """A new dict: the model's ``arguments`` with the human's ``values`` laid over them.
-
-    Only keys declared in ``input_schema["properties"]`` are taken from ``values`` (undeclared
-    human keys are ignored); keys only the model sent are kept. Validate first with
-    ``validate_input``; nothing here validates. Neither input is modified.
-    """
-    merged = copy.deepcopy(dict(arguments))
-    declared = (tool.input_schema or {}).get("properties", {})
-    for key in declared:
-        if key in values:
-            merged[key] = copy.deepcopy(values[key])
-    return merged

@@ -12,7 +12,7 @@ import pytest
 
 from agentruns.exceptions import InvalidInput
 from agentruns.models import Effect
-from agentruns.tools.registry import Tool, ToolContext, invoke_tool
+from agentruns.tools import Tool, ToolContext, invoke_tool
 from agentruns.tools.schemas import (
     MAX_MESSAGE_CHARS,
     MAX_REPORTED_ERRORS,

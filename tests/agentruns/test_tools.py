@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agentruns.models import Effect
-from agentruns.tools.registry import (
+from agentruns.tools import (
     Tool,
     ToolContext,
     ToolDefinitionError,

@@ -59,8 +59,8 @@ from agentruns.services.runtime.transcript import (
     rehydrate,
 )
 from agentruns.tools import Tool
+from agentruns.tools.invocation import argument_errors, overlay_input
 from agentruns.tools.mcp_sessions import SessionScope, session_scope
-from agentruns.tools.registry import argument_errors, overlay_input
 from agentruns.turns import (
     Call,
     LoopState,

@@ -1,0 +1,154 @@
+"""One tool call: its arguments checked against the tool's schema, the body called, and what it
+returned (``ToolResult``); a person's input laid over the model's arguments (docs/design.md §4.1,
+§5.7). Never stamps, checks or clears a lease or a fence: the runtime calls ``invoke_tool`` only
+after its fence hook.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agentruns.tools.registry import (
+    UNPARSED_ARGUMENTS_KEY,
+    OutcomeUnknown,
+    RemoteToolError,
+    Tool,
+    ToolContext,
+    one_line,
+    truncated,
+)
+from agentruns.tools.schemas import InvalidSchema, SchemaError, input_errors, schema_errors
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """The outcome of one call. ``ok`` False means the body failed or never ran (``error``).
+    ``in_doubt``: the tool could not tell whether its effect happened (``OutcomeUnknown``)."""
+
+    ok: bool
+    content: Any  # JSON-serialisable; what the model sees
+    error: str = ""
+    in_doubt: bool = False
+
+    @classmethod
+    def success(cls, content: Any) -> ToolResult:
+        return cls(ok=True, content=content)
+
+    @classmethod
+    def failure(cls, error: str) -> ToolResult:
+        return cls(ok=False, content=None, error=error)
+
+    def as_message_content(self) -> str:
+        """The tool message the model sees: JSON of ``content``, or ``{"error": ...}``.
+
+        Canonical (sorted keys): a continuing segment derives it again from the stored result,
+        which PostgreSQL's ``jsonb`` keeps with its keys reordered."""
+        if not self.ok:
+            return json.dumps({"error": self.error}, ensure_ascii=False)
+        return json.dumps(self.content, ensure_ascii=False, sort_keys=True)
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"ok", "content", "error"}`` for an event payload."""
+        return {"ok": self.ok, "content": self.content, "error": self.error}
+
+
+def argument_errors(tool: Tool, arguments: Any) -> str | None:
+    """Why ``arguments`` may not be passed to ``tool`` (a message the model can act on), or None.
+
+    Non-object arguments, the provider's ``_unparsed_arguments`` marker (the model sent text
+    that is not JSON) and schema violations are refused, and so is every call of a tool whose
+    schema cannot be applied (``InvalidSchema``: a definition that bypassed ``check_tool``).
+    """
+    if not isinstance(arguments, Mapping):
+        return (
+            f"arguments for tool {tool.name!r} must be a JSON object matching its schema, "
+            f"got {type(arguments).__name__}"
+        )
+    if UNPARSED_ARGUMENTS_KEY in arguments:
+        raw = str(arguments[UNPARSED_ARGUMENTS_KEY])[:200]
+        return (
+            f"arguments for tool {tool.name!r} were not valid JSON ({raw!r}); "
+            "call it again with a JSON object matching its schema"
+        )
+    try:
+        problems = schema_errors(tool.parameters, dict(arguments))
+    except InvalidSchema as exc:
+        return f"tool {tool.name!r} cannot be called: its argument schema is unusable ({exc})"
+    if problems:
+        return f"invalid arguments for tool {tool.name!r}: " + "; ".join(map(str, problems))
+    return None
+
+
+def invoke_tool(tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
+    """Validate arguments (jsonschema) and call; invalid arguments or a raise → error result.
+
+    Never raises for the tool's sake (only ``BaseException``s such as ``KeyboardInterrupt``
+    pass): refused arguments mean the body never runs; an exception in the body becomes
+    ``"<ExceptionType>: <message>"`` (logged with its traceback); a return value that is not
+    strict JSON becomes an error result. On success ``content`` is the JSON round-trip of the
+    return value, so what is stored equals what the model sees. The body gets a deep copy of
+    the arguments. No lease or fence is checked here.
+    """
+    refused = argument_errors(tool, arguments)
+    if refused is not None:
+        return ToolResult.failure(refused)
+    try:
+        returned = tool.func(context, copy.deepcopy(dict(arguments)))
+    except OutcomeUnknown as exc:
+        logger.warning(
+            "tool %r: outcome unknown (call %s): %s",
+            tool.name,
+            context.call_id,
+            one_line(str(exc)),
+        )
+        return ToolResult(
+            ok=False, content=None, error=truncated(f"outcome unknown: {exc}"), in_doubt=True
+        )
+    except RemoteToolError as exc:
+        logger.warning(
+            "tool %r failed (call %s): %s", tool.name, context.call_id, one_line(str(exc))
+        )
+        return ToolResult.failure(truncated(f"{type(exc).__name__}: {exc}"))
+    except Exception as exc:
+        logger.exception("tool %r failed (call %s)", tool.name, context.call_id)
+        return ToolResult.failure(truncated(f"{type(exc).__name__}: {exc}"))
+    try:
+        encoded = json.dumps(returned, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        logger.error("tool %r returned a value that is not JSON: %s", tool.name, exc)
+        return ToolResult.failure(
+            truncated(f"tool {tool.name!r} returned a value that is not JSON-serialisable: {exc}")
+        )
+    return ToolResult.success(json.loads(encoded))
+
+
+def validate_input(tool: Tool, values: Any) -> list[SchemaError]:
+    """Problems with human-supplied ``values`` for ``tool.input_schema`` (``input_errors``);
+    empty when valid. A tool without an input schema accepts no input (one error says so).
+    Raises ``InvalidSchema`` for a schema that cannot be applied.
+    """
+    if tool.input_schema is None:
+        return [SchemaError((), f"tool {tool.name!r} takes no human input")]
+    return input_errors(tool.input_schema, values)
+
+
+def overlay_input(tool: Tool, arguments: Mapping[str, Any], values: Mapping[str, Any]) -> dict:
+    """A new dict: the model's ``arguments`` with the human's ``values`` laid over them.
+
+    Only keys declared in ``input_schema["properties"]`` are taken from ``values`` (undeclared
+    human keys are ignored); keys only the model sent are kept. Validate first with
+    ``validate_input``; nothing here validates. Neither input is modified.
+    """
+    merged = copy.deepcopy(dict(arguments))
+    declared = (tool.input_schema or {}).get("properties", {})
+    for key in declared:
+        if key in values:
+            merged[key] = copy.deepcopy(values[key])
+    return merged
