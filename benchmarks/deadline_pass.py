@@ -32,22 +32,44 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._support import (
+    grow_table,
     postgres_server,
     production_environment,
+    raw_floor,
+    reset_table,
     setup_django,
     throwaway_postgres,
 )
-from benchmarks.reaper_scale import grow_table
 
 INDEX = "agentrun_status_deadline"
 
 
-def reset_states() -> int:
-    """Put every row in its state by ``id % 100``; forget events and queued tasks. Returns the
-    number of overdue runs."""
-    from django.db import connection
+#: Every run's state by ``id % 100`` (``reset_table``, with the waiting turn as the one
+#: parameter): the target runs are the overdue ones.
+STATES = """
+  status = CASE WHEN id %% 100 < 10 THEN 'waiting_for_approval' ELSE 'completed' END,
+  termination_reason = CASE WHEN id %% 100 < 10 THEN '' ELSE 'completed' END,
+  approval_deadline = CASE
+    WHEN id %% 100 = 0 THEN now() - interval '1 minute' - id * interval '1 ms'
+    WHEN id %% 100 < 5 THEN now() + interval '1 hour' END,
+  approval_timeout_action = CASE
+    WHEN id %% 100 = 0 AND id %% 200 = 0 THEN 'fail'
+    WHEN id %% 100 < 5 THEN 'deny' ELSE '' END,
+  pending_turn = CASE WHEN id %% 100 < 10 THEN %s::jsonb END,
+  claimed_by = '', lease_expires = NULL, lease_epoch = 1, pending_effect = '',
+  pending_call = NULL, loop_state = '{}'::jsonb, finished_at = NULL,
+  ledger_head = '', updated_at = now()
+"""
+#: The floor: what settling one overdue run changes, as one raw guarded ``UPDATE``.
+FLOOR_UPDATE = (
+    "UPDATE {table} SET status = 'queued', pending_turn = NULL, updated_at = now() "
+    "WHERE id = %s AND status = 'waiting_for_approval' AND approval_deadline < now()"
+)
 
-    from agentruns.models import AgentRun
+
+def reset_states() -> int:
+    """Put every row in its state by ``id % 100`` (``STATES``); forget events and queued tasks.
+    Returns the number of overdue runs."""
     from agentruns.turns import turn_digest
 
     calls = [{"id": "call_0_0", "name": "create_note", "arguments": {"title": "t", "body": "b"}}]
@@ -56,30 +78,7 @@ def reset_states() -> int:
         "calls": [{**c, "effect": "non_idempotent_write", "known": True} for c in calls],
         "turn_digest": turn_digest(calls),
     }
-    table = AgentRun._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE agentruns_agentrunevent, django_q_ormq")
-        cursor.execute(
-            f"""
-            UPDATE {table} SET
-              status = CASE WHEN id %% 100 < 10 THEN 'waiting_for_approval' ELSE 'completed' END,
-              termination_reason = CASE WHEN id %% 100 < 10 THEN '' ELSE 'completed' END,
-              approval_deadline = CASE
-                WHEN id %% 100 = 0 THEN now() - interval '1 minute' - id * interval '1 ms'
-                WHEN id %% 100 < 5 THEN now() + interval '1 hour' END,
-              approval_timeout_action = CASE
-                WHEN id %% 100 = 0 AND id %% 200 = 0 THEN 'fail'
-                WHEN id %% 100 < 5 THEN 'deny' ELSE '' END,
-              pending_turn = CASE WHEN id %% 100 < 10 THEN %s::jsonb END,
-              claimed_by = '', lease_expires = NULL, lease_epoch = 1, pending_effect = '',
-              pending_call = NULL, loop_state = '{{}}'::jsonb, finished_at = NULL,
-              ledger_head = '', updated_at = now()
-            """,
-            [json.dumps(turn)],
-        )
-        cursor.execute(f"ANALYZE {table}")
-        cursor.execute(f"SELECT count(*) FROM {table} WHERE id % 100 = 0")
-        return cursor.fetchone()[0]
+    return reset_table(STATES, [json.dumps(turn)])
 
 
 def selector_plan() -> str:
@@ -93,25 +92,6 @@ def selector_plan() -> str:
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + sql, params)
         return "\n".join(row[0] for row in cursor.fetchall())
-
-
-def raw_floor(url: str, count: int) -> float:
-    """Seconds for ``count`` guarded single-row UPDATEs, one transaction each (psycopg)."""
-    import psycopg
-
-    from agentruns.models import AgentRun
-
-    table = AgentRun._meta.db_table
-    with psycopg.connect(url, autocommit=True) as conn:
-        ids = [r[0] for r in conn.execute(f"SELECT id FROM {table} WHERE id % 100 = 0")]
-        started = time.perf_counter()
-        for run_id in ids[:count]:
-            conn.execute(
-                f"UPDATE {table} SET status = 'queued', pending_turn = NULL, updated_at = now() "
-                "WHERE id = %s AND status = 'waiting_for_approval' AND approval_deadline < now()",
-                [run_id],
-            )
-        return time.perf_counter() - started
 
 
 def main() -> None:
@@ -143,7 +123,7 @@ def main() -> None:
             pass_s = time.perf_counter() - started
             settled = sum(1 for o in outcomes if o.taken)
             reset_states()
-            floor_s = raw_floor(url, settled)
+            floor_s = raw_floor(url, settled, FLOOR_UPDATE)
             rows.append((size, overdue, settled, pass_s, floor_s, used))
 
         print("\nruns      overdue  settled   one pass   per run   raw UPDATE floor   index")

@@ -36,8 +36,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._support import (
+    grow_table,
     postgres_server,
     production_environment,
+    raw_floor,
+    reset_table,
     setup_django,
     throwaway_postgres,
 )
@@ -45,62 +48,29 @@ from benchmarks._support import (
 INDEX = "agentrun_status_lease"
 
 
-def grow_table(total: int) -> None:
-    """Grow the run table to ``total`` rows, copying a template row (every column Django knows)."""
-    from django.db import connection
-
-    from agentruns.models import AgentConfiguration, AgentRun, Status
-
-    current = AgentRun.objects.count()
-    if current >= total:
-        return
-    if current == 0:
-        configuration = AgentConfiguration.objects.create(slug="bench", name="bench")
-        AgentRun.objects.create(configuration=configuration, prompt="p", status=Status.COMPLETED)
-        current = 1
-    table = AgentRun._meta.db_table
-    columns = [f.column for f in AgentRun._meta.concrete_fields if f.column not in ("id", "uuid")]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} (uuid, {', '.join(columns)}) "
-            f"SELECT gen_random_uuid(), {', '.join('t.' + c for c in columns)} "
-            f"FROM (SELECT * FROM {table} ORDER BY id LIMIT 1) t, generate_series(1, %s)",
-            [total - current],
-        )
-
-
-def reset_states() -> int:
-    """Put every row in its state by ``id % 100``; forget events and queued tasks. Returns the
-    number of stale runs."""
-    from django.db import connection
-
-    from agentruns.models import AgentRun
-
-    table = AgentRun._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE agentruns_agentrunevent, django_q_ormq")
-        cursor.execute(
-            f"""
-            UPDATE {table} SET
-              status = CASE WHEN id % 100 < 4 THEN 'running'
-                            WHEN id % 100 < 9 THEN 'queued' ELSE 'completed' END,
-              termination_reason = CASE WHEN id % 100 < 9 THEN '' ELSE 'completed' END,
-              lease_expires = CASE
-                WHEN id % 100 = 0 THEN now() - interval '5 minutes' - id * interval '1 ms'
-                                   WHEN id % 100 < 4 THEN now() + interval '1 hour' END,
-              claimed_by = CASE WHEN id % 100 < 4 THEN 'worker:bench:' || id ELSE '' END,
-              lease_epoch = CASE WHEN id % 100 < 4 THEN 1 ELSE 0 END,
-              pending_effect = CASE WHEN id % 1000 = 0 THEN 'non_idempotent_write' ELSE '' END,
-              pending_call = CASE WHEN id % 1000 = 0
-                THEN '{{"id": "call_0_0", "name": "call_webhook", "arguments": {{}}}}'::jsonb
-                END,
-              pending_turn = NULL, requeue_count = 0, loop_state = '{{}}'::jsonb,
-              updated_at = now()
-            """
-        )
-        cursor.execute(f"ANALYZE {table}")
-        cursor.execute(f"SELECT count(*) FROM {table} WHERE id % 100 = 0")
-        return cursor.fetchone()[0]
+#: Every run's state by ``id % 100`` (``reset_table``): the target runs are the stale ones.
+STATES = """
+  status = CASE WHEN id % 100 < 4 THEN 'running'
+                WHEN id % 100 < 9 THEN 'queued' ELSE 'completed' END,
+  termination_reason = CASE WHEN id % 100 < 9 THEN '' ELSE 'completed' END,
+  lease_expires = CASE
+    WHEN id % 100 = 0 THEN now() - interval '5 minutes' - id * interval '1 ms'
+                       WHEN id % 100 < 4 THEN now() + interval '1 hour' END,
+  claimed_by = CASE WHEN id % 100 < 4 THEN 'worker:bench:' || id ELSE '' END,
+  lease_epoch = CASE WHEN id % 100 < 4 THEN 1 ELSE 0 END,
+  pending_effect = CASE WHEN id % 1000 = 0 THEN 'non_idempotent_write' ELSE '' END,
+  pending_call = CASE WHEN id % 1000 = 0
+    THEN '{"id": "call_0_0", "name": "call_webhook", "arguments": {}}'::jsonb
+    END,
+  pending_turn = NULL, requeue_count = 0, loop_state = '{}'::jsonb,
+  updated_at = now()
+"""
+#: The floor: what the reaper's reclaim does to one stale run, as one raw guarded ``UPDATE``.
+FLOOR_UPDATE = (
+    "UPDATE {table} SET status = 'queued', claimed_by = '', "
+    "requeue_count = requeue_count + 1, updated_at = now() "
+    "WHERE id = %s AND status = 'running' AND lease_expires < now()"
+)
 
 
 def batch_plan() -> str:
@@ -150,26 +120,6 @@ def time_selector() -> tuple[int, float]:
     return count, time.perf_counter() - started
 
 
-def raw_floor(url: str, stale: int) -> float:
-    """Seconds for ``stale`` guarded single-row UPDATEs, one transaction each (psycopg)."""
-    import psycopg
-
-    from agentruns.models import AgentRun
-
-    table = AgentRun._meta.db_table
-    with psycopg.connect(url, autocommit=True) as conn:
-        ids = [r[0] for r in conn.execute(f"SELECT id FROM {table} WHERE id % 100 = 0")]
-        started = time.perf_counter()
-        for run_id in ids[:stale]:
-            conn.execute(
-                f"UPDATE {table} SET status = 'queued', claimed_by = '', "
-                "requeue_count = requeue_count + 1, updated_at = now() "
-                "WHERE id = %s AND status = 'running' AND lease_expires < now()",
-                [run_id],
-            )
-        return time.perf_counter() - started
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000,1000000")
@@ -186,7 +136,7 @@ def main() -> None:
         for size in sizes:
             started = time.perf_counter()
             grow_table(size)
-            stale = reset_states()
+            stale = reset_table(STATES)
             prepared = time.perf_counter() - started
             plan = batch_plan()
             print(f"\n=== {size:,} runs, {stale:,} stale (table prepared in {prepared:.1f}s)")
@@ -205,8 +155,8 @@ def main() -> None:
             report = reaper.reap_stale_runs()
             pass_s = time.perf_counter() - started
             print(report.summary())
-            reset_states()
-            floor_s = raw_floor(url, stale)
+            reset_table(STATES)
+            floor_s = raw_floor(url, stale, FLOOR_UPDATE)
             rows.append((size, found, selector_s, pass_s, floor_s, plan_ok))
 
         print("\nruns        stale   select all   one pass   per run   raw UPDATE floor   index")

@@ -1,0 +1,66 @@
+"""The tables of ``agentruns`` and their choices (docs/design.md §1), one module per idea:
+
+- ``choices``: the run vocabulary (status, reason, effect, event kind, …) and its sets;
+- ``configuration``: ``AgentConfiguration``;
+- ``runs``: ``AgentRun`` and its append-only ``AgentRunEvent`` stream;
+- ``mcp``: ``McpServer``, a registered remote tool server;
+- ``bookkeeping``: ``Counter``, ``NotificationState`` and ``SpendDay``.
+
+Import from here (``from agentruns.models import AgentRun``): every name is re-exported.
+Status, lease and fence columns are written only by ``agentruns.transitions``; nothing else may
+``save()`` an existing run.
+"""
+
+# The tables are imported in the order the single-file module declared them, so that Django
+# registers them in the same order (content types, permissions, dumpdata, flush).
+# isort: off
+from agentruns.models.choices import (
+    DEADLINE_STATUSES,
+    TERMINAL_STATUSES,
+    WAITING_STATUSES,
+    WRITE_EFFECTS,
+    ApprovalTimeoutAction,
+    Effect,
+    EventKind,
+    Provider,
+    Segment,
+    Status,
+    TerminationReason,
+)
+from agentruns.models.configuration import AgentConfiguration
+from agentruns.models.runs import AgentRun, AgentRunEvent
+from agentruns.models.mcp import MCP_SERVER_NAME_MAX, MCP_SERVER_NAME_RE, McpServer, McpTransport
+from agentruns.models.bookkeeping import (
+    Counter,
+    NotificationChannel,
+    NotificationState,
+    SpendDay,
+    SpendScope,
+)
+# isort: on
+
+__all__ = [
+    "DEADLINE_STATUSES",
+    "MCP_SERVER_NAME_MAX",
+    "MCP_SERVER_NAME_RE",
+    "TERMINAL_STATUSES",
+    "WAITING_STATUSES",
+    "WRITE_EFFECTS",
+    "AgentConfiguration",
+    "AgentRun",
+    "AgentRunEvent",
+    "ApprovalTimeoutAction",
+    "Counter",
+    "Effect",
+    "EventKind",
+    "McpServer",
+    "McpTransport",
+    "NotificationChannel",
+    "NotificationState",
+    "Provider",
+    "Segment",
+    "SpendDay",
+    "SpendScope",
+    "Status",
+    "TerminationReason",
+]

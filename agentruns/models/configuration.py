@@ -1,0 +1,156 @@
+"""``AgentConfiguration``: what an agent is (provider, model, prompt, tools, limits, approvers,
+deadline, prices and budget), edited in the admin and validated by its ``clean``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from agentruns.models.choices import ApprovalTimeoutAction, Provider
+from agentruns.secrets import secret_env_problem
+
+
+class AgentConfiguration(models.Model):
+    """What an agent is: its provider, model, prompt, tools and limits. Edited in the admin."""
+
+    slug = models.SlugField(unique=True)
+    name = models.CharField(max_length=200)
+    provider = models.CharField(max_length=20, choices=Provider.choices, default=Provider.SCRIPTED)
+    model = models.CharField(max_length=200, blank=True)
+    base_url = models.URLField(
+        blank=True, help_text="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1"
+    )
+    api_key_env = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text=(
+            "Name of the environment variable holding the API key (never the key itself), "
+            "starting with an allowed prefix (AGENTRUNS['SECRET_ENV_PREFIXES'], by default "
+            "LEASEHOLD_)."
+        ),
+    )
+    timeout_seconds = models.PositiveIntegerField(default=30, help_text="Provider call timeout.")
+    system_prompt = models.TextField(blank=True)
+    tools = models.JSONField(default=list, blank=True, help_text="Allowed tool names; empty = all.")
+    max_iterations = models.PositiveSmallIntegerField(
+        default=10, help_text="Model rounds before the run is truncated (capped by MAX_ITERATIONS)."
+    )
+    require_second_approver = models.BooleanField(
+        default=False, help_text="Four-eyes: the initiator may deny but not approve their own run."
+    )
+    preview_is_snapshot = models.BooleanField(
+        default=False,
+        help_text="Off (the default): before an approved write with a preview runs, its preview "
+        "is made again, and if it changed the call does not run and waits for approval again. "
+        "On: the preview is only a snapshot captured when the run paused.",
+    )
+    approver_group = models.ForeignKey(
+        "auth.Group",
+        null=True,
+        blank=True,
+        # A group named here cannot be deleted: losing it must not lift the restriction.
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text=(
+            "Only members of this group may approve this configuration's runs or say whether an "
+            "in-doubt call landed (beside the permissions those need). Empty: no group needed."
+        ),
+    )
+    approval_timeout = models.DurationField(
+        null=True,
+        blank=True,
+        help_text=(
+            "How long a run may wait for approval or input (e.g. 00:30:00 for 30 minutes, "
+            "1 00:00:00 for a day); empty: no deadline. Fixed when the run starts waiting; the "
+            "reaper settles it once passed (on_approval_timeout)."
+        ),
+    )
+    on_approval_timeout = models.CharField(
+        max_length=8,
+        choices=ApprovalTimeoutAction.choices,
+        default=ApprovalTimeoutAction.DENY,
+        help_text="What happens at the deadline: deny the turn and continue, or fail the run.",
+    )
+    script = models.JSONField(
+        default=list, blank=True, help_text="Turns for the scripted provider."
+    )
+    notify_webhook_url = models.URLField(
+        max_length=2048,
+        blank=True,
+        help_text=(
+            "Optional: when a run of this configuration waits for a person, POST a "
+            'Slack-compatible {"text": …} here (at most once per AGENTRUNS NOTIFY_INTERVAL). '
+            "Its host must be in AGENTRUNS['WEBHOOK_ALLOWLIST']."
+        ),
+    )
+    is_active = models.BooleanField(default=True)
+    # Cost (agentruns.budgets): prices in AGENTRUNS["COST_CURRENCY"]; empty = not priced.
+    price_per_million_prompt_tokens = models.DecimalField(
+        max_digits=12,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="Price of a million prompt tokens (AGENTRUNS['COST_CURRENCY']); empty: unpriced.",
+    )
+    price_per_million_completion_tokens = models.DecimalField(
+        max_digits=12,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="Price of a million completion tokens; empty: unpriced.",
+    )
+    daily_budget = models.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="Most this configuration's runs may spend per UTC day; empty: no budget. A run "
+        "over it ends failed (budget exhausted) before its next model call.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(price_per_million_prompt_tokens__gte=0)
+                & Q(price_per_million_completion_tokens__gte=0)
+                & Q(daily_budget__gte=0),
+                name="agentconfiguration_cost_not_negative",
+                violation_error_message="Prices and budgets cannot be negative.",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name or self.slug
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if self.api_key_env:
+            problem = secret_env_problem(self.api_key_env)
+            if problem is not None:
+                errors["api_key_env"] = problem
+        if self.approval_timeout is not None and self.approval_timeout <= timedelta(0):
+            errors["approval_timeout"] = "A deadline must be a positive duration (or empty: none)."
+        if self.on_approval_timeout not in ApprovalTimeoutAction.values:
+            errors["on_approval_timeout"] = "Choose deny or fail."
+        if self.notify_webhook_url:
+            from agentruns import conf
+            from agentruns.outbound import WebhookRefused, webhook_target
+
+            try:
+                webhook_target(self.notify_webhook_url, list(conf.get("WEBHOOK_ALLOWLIST")))
+            except WebhookRefused as refused:
+                errors["notify_webhook_url"] = str(refused)
+        if errors:
+            raise ValidationError(errors)

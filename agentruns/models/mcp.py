@@ -1,0 +1,164 @@
+"""``McpServer``: a remote tool server an operator registers (docs/design.md §4.5), with its
+transport choices and the rule its name follows.
+"""
+
+from __future__ import annotations
+
+import re
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+
+from agentruns.secrets import secret_env_problem
+
+
+class McpTransport(models.TextChoices):
+    STREAMABLE_HTTP = "streamable_http", "Streamable HTTP (a URL)"
+    STDIO = "stdio", "stdio (a local command; only when AGENTRUNS['MCP_STDIO_ALLOWED'] is on)"
+
+
+# A server name becomes part of every tool name ``mcp__<server>__<tool>`` (at most 64 characters,
+# letters, digits, ``_`` and ``-``); ``__`` is the separator, so a name may neither contain it
+# nor end with ``_``.
+MCP_SERVER_NAME_RE = r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_|$))*$"
+MCP_SERVER_NAME_MAX = 24
+
+
+class McpServer(models.Model):
+    """A remote tool server (MCP) registered by an operator. Edited in the admin (docs/design.md
+    §4.5).
+
+    Every tool it offers is a ``non_idempotent_write``, except those the operator lists in
+    ``read_only_tools`` (reads: no approval, no fence); ``requires_approval`` is read
+    fail-closed through ``approval_required``. Secrets never live here: ``headers_env`` names the
+    environment variables that hold them (allowed names only, ``agentruns.secrets``).
+    ``tools_snapshot`` and ``last_synced_at`` are written by ``agentruns.services.mcp_sync``
+    (the ``sync_mcp_tools`` command, the admin action).
+    """
+
+    name = models.CharField(
+        max_length=MCP_SERVER_NAME_MAX,
+        unique=True,
+        validators=[
+            RegexValidator(
+                MCP_SERVER_NAME_RE,
+                "Letters, digits, '-' and single '_' only (tools are named mcp__<server>__<tool>).",
+            )
+        ],
+        help_text="Tools appear as mcp__<name>__<tool>.",
+    )
+    transport = models.CharField(
+        max_length=20, choices=McpTransport.choices, default=McpTransport.STREAMABLE_HTTP
+    )
+    url = models.URLField(
+        max_length=500, blank=True, help_text="Streamable HTTP endpoint, e.g. http://host/mcp"
+    )
+    command = models.CharField(
+        max_length=1000,
+        blank=True,
+        help_text="stdio: the command line that starts the server (split like a shell would).",
+    )
+    enabled = models.BooleanField(default=True)
+    requires_approval = models.BooleanField(
+        null=True,
+        default=True,
+        help_text=(
+            "On (the default): every call of this server's tools waits for a staff decision. "
+            "Only an explicit 'No' lets them run unattended, on the first pass of a run (still "
+            "fenced). Unknown counts as on."
+        ),
+    )
+    timeout_seconds = models.PositiveIntegerField(
+        default=20,
+        validators=[MinValueValidator(1)],
+        help_text="Per call (connect + call); capped by AGENTRUNS['TOOL_TIMEOUT_SECONDS'].",
+    )
+    allowed_tools = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="The server's tool names this deployment may use; empty = all discovered.",
+    )
+    read_only_tools = models.JSONField(
+        default=list,
+        blank=True,
+        help_text=(
+            'Tools you declare read-only, e.g. ["git_status", "git_log"]: they run without '
+            "approval and unfenced. Every other tool is a non-idempotent write. The server's own "
+            "hints (readOnlyHint) never decide this."
+        ),
+    )
+    headers_env = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text=(
+            'HTTP headers from the environment: {"Authorization": "LEASEHOLD_MY_SERVER_AUTH"} '
+            "sends the value of $LEASEHOLD_MY_SERVER_AUTH. Never put a secret here. Names start "
+            "with an allowed prefix (AGENTRUNS['SECRET_ENV_PREFIXES'], by default LEASEHOLD_)."
+        ),
+    )
+    tools_snapshot = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Discovered tools: name, registered_name, description, input_schema, hints.",
+    )
+    last_synced_at = models.DateTimeField(null=True, blank=True)
+    last_sync_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "MCP server"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def approval_required(self) -> bool:
+        """Fail closed: only an explicit ``False`` switches approval off."""
+        return self.requires_approval is not False
+
+    def clean(self) -> None:
+        from agentruns import conf
+
+        errors: dict[str, str] = {}
+        if self.transport == McpTransport.STREAMABLE_HTTP:
+            if not self.url:
+                errors["url"] = "A streamable HTTP server needs a URL."
+        elif self.transport == McpTransport.STDIO:
+            if not conf.get("MCP_STDIO_ALLOWED"):
+                errors["transport"] = "stdio servers are off (AGENTRUNS['MCP_STDIO_ALLOWED'])."
+            elif not self.command.strip():
+                errors["command"] = "A stdio server needs a command."
+        else:
+            errors["transport"] = f"Unknown transport {self.transport!r}."
+        if not isinstance(self.allowed_tools, list) or not all(
+            isinstance(t, str) and t for t in self.allowed_tools
+        ):
+            errors["allowed_tools"] = "A JSON list of tool names."
+        if not isinstance(self.read_only_tools, list) or not all(
+            isinstance(t, str) and t for t in self.read_only_tools
+        ):
+            errors["read_only_tools"] = "A JSON list of tool names."
+        if not isinstance(self.headers_env, dict) or not all(
+            isinstance(h, str)
+            and re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", h)
+            and isinstance(v, str)
+            and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)
+            for h, v in (self.headers_env.items() if isinstance(self.headers_env, dict) else [])
+        ):
+            errors["headers_env"] = (
+                'A JSON object {"Header-Name": "ENV_VAR_NAME"}: the name of an environment '
+                "variable, never the secret itself."
+            )
+        else:
+            refused = [
+                f"{header}: {problem}"
+                for header, variable in self.headers_env.items()
+                if (problem := secret_env_problem(variable)) is not None
+            ]
+            if refused:
+                errors["headers_env"] = " ".join(refused)
+        if errors:
+            raise ValidationError(errors)

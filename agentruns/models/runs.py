@@ -1,0 +1,172 @@
+"""``AgentRun`` and its append-only ``AgentRunEvent`` stream (docs/design.md §1).
+
+Status, lease and fence columns are written only by ``agentruns.transitions``; nothing else may
+``save()`` an existing run.
+"""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+from django.db.models.functions import Now
+
+from agentruns.models.choices import (
+    TERMINAL_STATUSES,
+    ApprovalTimeoutAction,
+    Effect,
+    EventKind,
+    Status,
+    TerminationReason,
+)
+from agentruns.models.configuration import AgentConfiguration
+
+
+class AgentRun(models.Model):
+    """One agent run. Its status, claim, lease and fence change only through transitions."""
+
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    configuration = models.ForeignKey(
+        AgentConfiguration, on_delete=models.PROTECT, related_name="runs"
+    )
+    initiator = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="agent_runs",
+    )
+    prompt = models.TextField()
+    request = models.JSONField(default=dict, blank=True)
+
+    status = models.CharField(max_length=32, choices=Status.choices)
+    termination_reason = models.CharField(
+        max_length=32, choices=TerminationReason.choices, blank=True
+    )
+
+    claimed_by = models.CharField(max_length=255, blank=True)
+    lease_expires = models.DateTimeField(null=True, blank=True)
+    lease_epoch = models.PositiveIntegerField(default=0)
+    pending_effect = models.CharField(max_length=32, choices=Effect.choices, blank=True)
+    pending_call = models.JSONField(null=True, blank=True)
+    requeue_count = models.PositiveIntegerField(default=0)
+    loop_state = models.JSONField(default=dict, blank=True)
+    pending_turn = models.JSONField(null=True, blank=True)
+
+    output = models.TextField(blank=True)
+    error = models.JSONField(default=dict, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    total_tokens = models.PositiveIntegerField(default=0)
+    # What the run's model calls cost so far (AGENTRUNS["COST_CURRENCY"]; agentruns.budgets),
+    # written with the events that record them.
+    cost = models.DecimalField(max_digits=14, decimal_places=6, default=Decimal("0"))
+    iterations = models.PositiveIntegerField(default=0)
+    truncated = models.BooleanField(default=False)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # The database clock at insert, like every transition's ``updated_at = Now()``: the reaper's
+    # redispatch compares it with the database clock (docs/design.md §8.4). Not ``auto_now``,
+    # which stamps the app server's clock.
+    updated_at = models.DateTimeField(db_default=Now())
+    # The hash of the run's last event (``agentruns.ledger``): written with every event, in the
+    # same guarded statement or transaction, so removing the last events is detected too.
+    ledger_head = models.CharField(max_length=64, blank=True, default="", editable=False)
+    # The approval deadline (docs/design.md §5.11): fixed by the database clock when the run
+    # last started waiting for approval or input (Now() + the configuration's
+    # ``approval_timeout``), with what happens then; null = no deadline. Meaningful only while
+    # the run waits in one of those two states (a later wait writes both again).
+    approval_deadline = models.DateTimeField(null=True, blank=True)
+    approval_timeout_action = models.CharField(
+        max_length=8, choices=ApprovalTimeoutAction.choices, blank=True
+    )
+    # The sequence the run's next event takes (its last event's + 1; 0 with none): advanced by
+    # the same guarded statement or transaction that appends events, so no writer reads
+    # ``MAX(sequence)`` (docs/design.md §1.10).
+    next_sequence = models.PositiveIntegerField(default=0, editable=False)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["status", "lease_expires"], name="agentrun_status_lease"),
+            models.Index(fields=["status", "created_at"], name="agentrun_status_created"),
+            models.Index(fields=["initiator", "created_at"], name="agentrun_initiator_created"),
+            # Retention (services/retention.py): terminal runs by when they finished.
+            models.Index(fields=["status", "finished_at"], name="agentrun_status_finished"),
+            # The reaper's approval deadlines (services/deadlines.py).
+            models.Index(fields=["status", "approval_deadline"], name="agentrun_status_deadline"),
+        ]
+        permissions = [
+            ("decide_agentrun", "Can decide pending agent runs (approve, deny, input, reconcile)"),
+            ("view_all_agentruns", "Can see every agent run, not only those they started"),
+            ("cancel_agentrun", "Can cancel agent runs someone else started"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.uuid} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class AgentRunEvent(models.Model):
+    """One step of a run. Append-only; ``(run, sequence)`` is unique so no two writers agree;
+    ``prev_hash``/``hash`` chain the run's events (``agentruns.ledger``)."""
+
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="events")
+    sequence = models.PositiveIntegerField()
+    kind = models.CharField(max_length=20, choices=EventKind.choices)
+    segment = models.CharField(max_length=255, blank=True)
+    lease_epoch = models.PositiveIntegerField(default=0)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    payload = models.JSONField(default=dict, blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="Who decided (approval, input, reconciliation, cancel).",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    # The actor's id as recorded, kept when the account is deleted (``actor`` becomes null): the
+    # chain covers it, and ``actor`` must be it or null.
+    actor_ref = models.PositiveIntegerField(null=True, blank=True, editable=False)
+    # The tamper-evident chain (agentruns.ledger): the previous event's hash and this one's.
+    prev_hash = models.CharField(max_length=64, blank=True, default="", editable=False)
+    hash = models.CharField(max_length=64, blank=True, default="", editable=False)
+
+    class Meta:
+        ordering = ["run", "sequence"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "sequence"], name="agentrunevent_run_sequence")
+        ]
+        indexes = [
+            # The dashboard's windows (agentruns.dashboard.series): partial, so the many other
+            # events cost no index write.
+            models.Index(
+                fields=["created_at"],
+                condition=models.Q(kind="approval"),
+                name="agentrunevent_approval_at",
+            ),
+            models.Index(
+                fields=["created_at"],
+                condition=models.Q(kind="reaper"),
+                name="agentrunevent_reaper_at",
+            ),
+            # Input events are rare too: the dashboard finds the approval deadline's settles of
+            # input requests through it.
+            models.Index(
+                fields=["created_at"],
+                condition=models.Q(kind="input"),
+                name="agentrunevent_input_at",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.sequence} {self.kind}"
