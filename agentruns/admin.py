@@ -7,6 +7,9 @@ run does not exist for them: not listed, and its pages answer 404.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db import models
@@ -31,6 +34,13 @@ from agentruns.models import (
 from agentruns.services.mcp_sync import mcp_server_sync
 from agentruns.tools.mcp import read_only_by_operator
 
+# A URL typed without a scheme is read as https (Django 6.0's default; Django 5.2 assumes http
+# and warns). The allowlist (``agentruns.outbound.webhook_target``, run by the model's ``clean``)
+# then judges the URL as completed, on https's port.
+HTTPS_URLS: Mapping[type[models.Field[Any, Any]], Mapping[str, Any]] = {
+    models.URLField: {"assume_scheme": "https"}
+}
+
 
 @admin.register(AgentConfiguration)
 class AgentConfigurationAdmin(admin.ModelAdmin):
@@ -50,6 +60,7 @@ class AgentConfigurationAdmin(admin.ModelAdmin):
     prepopulated_fields = {"slug": ["name"]}
     readonly_fields = ["created_at", "updated_at"]
     actions = ["deactivate_and_cancel_waiting"]
+    formfield_overrides = HTTPS_URLS
 
     @admin.action(
         description="Deactivate, and cancel their runs waiting for a person",
@@ -296,7 +307,7 @@ class McpServerAdmin(admin.ModelAdmin):
     actions = ["sync_tools"]
     readonly_fields = ["tools_table", "last_synced_at", "last_sync_error", "created_at"]
     exclude = ["tools_snapshot"]
-    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+    formfield_overrides = HTTPS_URLS
 
     @admin.display(description="endpoint")
     def endpoint(self, obj: McpServer) -> str:

@@ -16,12 +16,19 @@ when the call opens one, and the call; a call that runs out is aborted at once, 
 gets its answer within ``ABORT_SECONDS`` of the timeout. Inside a segment's ``session_scope``
 calls share one session per server; outside one, each call opens and closes its own.
 
+"Sent" means handed to the SDK on the session's loop (``_Handover``): when the time runs out
+before that, the call is abandoned unsent and the answer is ``McpCallFailed``, not a doubt. One
+deadline decides: the SDK's and the HTTP client's own timers run a little later as backstops,
+and a failure that arrives once the deadline has passed is the same verdict as the deadline
+itself ("no answer came within …"), whichever clock noticed first.
+
 It never stamps, checks or clears a lease or a fence, and writes no rows.
 """
 
 from __future__ import annotations
 
 import shlex
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -40,6 +47,7 @@ from agentruns.tools.mcp_errors import (
     short,
 )
 from agentruns.tools.mcp_sessions import (
+    ABORT_SECONDS,
     RemoteSession,
     ScopeClosed,
     SessionOpenFailed,
@@ -268,6 +276,30 @@ def call_limit(server: McpServer, context: ToolContext) -> float:
     return limit
 
 
+class _Handover:
+    """Whether a call was handed to the SDK to be sent, settled once under a lock: the session's
+    loop marks it sent just before the SDK may write it; a caller whose deadline passed first
+    marks it abandoned, and the call then never starts. So "not sent" is never a guess."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = "pending"
+
+    def send(self) -> bool:
+        """On the session's loop, before the call: ``False`` when the caller has given up."""
+        with self._lock:
+            if self._state == "pending":
+                self._state = "sent"
+            return self._state == "sent"
+
+    def abandon(self) -> bool:
+        """In the caller, once it stops waiting: whether the call had been handed over."""
+        with self._lock:
+            if self._state == "pending":
+                self._state = "abandoned"
+            return self._state == "sent"
+
+
 def call_remote_tool(
     server: McpServer, tool_name: str, arguments: dict[str, Any], context: ToolContext
 ) -> dict[str, Any]:
@@ -289,25 +321,39 @@ def call_remote_tool(
     where = f"MCP server {server.name!r}, tool {tool_name!r}"
     unknown = "; whether it took effect is unknown"
     session, owned = _open(server, limit, deadline)
+    handover = _Handover()
 
     async def call(client: Any) -> Any:
-        remaining = max(0.05, deadline - time.monotonic())
+        if not handover.send():
+            raise SessionTimedOut()  # the caller has already answered "nothing was sent"
+        # The SDK's own timer is a backstop behind the deadline the caller waits on.
+        remaining = max(0.05, deadline - time.monotonic()) + ABORT_SECONDS
         return await client.call_tool(
             tool_name, arguments, read_timeout_seconds=remaining, meta=meta
+        )
+
+    def timed_out() -> OutcomeUnknown:
+        return OutcomeUnknown(
+            f"{where}: the call was sent and no answer came within {limit:g}s{unknown}"
+            f"{_stderr_note(session.stderr())}"
         )
 
     try:
         result = session.request(call, deadline)
     except SessionTimedOut as exc:
-        raise OutcomeUnknown(
-            f"{where}: the call was sent and no answer came within {limit:g}s{unknown}"
-            f"{_stderr_note(session.stderr())}"
-        ) from exc
+        if not handover.abandon():
+            raise McpCallFailed(
+                f"{where}: the time ({limit:g}s) ran out before the call was sent; nothing was "
+                f"sent{_stderr_note(session.stderr())}"
+            ) from exc
+        raise timed_out() from exc
     except SessionOpenFailed as exc:  # it died between the look and the send: nothing sent
         raise McpCallFailed(f"{where}: the session ended before the call was sent") from exc
     except MCPError as exc:
         if exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
             session.abort()
+            if time.monotonic() >= deadline:  # another clock noticed the deadline first
+                raise timed_out() from exc
             raise OutcomeUnknown(
                 f"{where}: the call was sent and then {short(exc.message)}{unknown}"
                 f"{_stderr_note(session.stderr())}"
@@ -315,6 +361,8 @@ def call_remote_tool(
         raise McpToolError(f"{where}: the server refused the call: {short(exc.message)}") from exc
     except Exception as exc:
         session.abort()
+        if time.monotonic() >= deadline:  # e.g. the HTTP client's read timeout
+            raise timed_out() from exc
         raise OutcomeUnknown(
             f"{where}: the call was sent and then failed ({_describe(exc)}){unknown}"
             f"{_stderr_note(session.stderr())}"

@@ -139,8 +139,10 @@ def run_expire_waiting(*, run_id: int, segment: str) -> Expired | None:
     * ``fail`` — ``failed`` / ``approval_expired``, ``finished_at`` set, claim and turn cleared.
 
     Either way one ``approval`` (or ``input``) event with ``by: "deadline"`` is written in the
-    same transaction, chained from the run's ledger head. ``None``: not overdue now (decided,
-    cancelled, locked by a decider) — nothing written. The caller sends the wake-up.
+    same transaction, chained from the run's ledger head, and the deadline and its action are
+    cleared by the same ``UPDATE`` (the returned ``Expired`` carries the deadline that passed).
+    ``None``: not overdue now (decided, cancelled, locked by a decider) — nothing written. The
+    caller sends the wake-up.
     """
     with transaction.atomic():
         run = (
@@ -166,6 +168,9 @@ def run_expire_waiting(*, run_id: int, segment: str) -> Expired | None:
             "pending_turn": None,
             "claimed_by": "",
             "lease_expires": None,
+            # Spent: the guard read it; ``Expired.deadline`` keeps it from the locked row.
+            "approval_deadline": None,
+            "approval_timeout_action": "",
         }
         if action == ApprovalTimeoutAction.DENY:
             values["status"] = Status.QUEUED

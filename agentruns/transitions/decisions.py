@@ -104,10 +104,11 @@ def run_decide(
     Guard (under the row lock): ``status == expected_status`` and the pending turn's digest equals
     ``turn_digest``; then ``check(run)`` (e.g. four-eyes) may refuse. With ``identity`` the run
     continues inline: ``running``, claimed by ``identity`` (a ``resume:`` segment), epoch + 1.
-    Without, it is ``queued`` for a worker. ``decision`` is recorded in the loop state
-    (``turns.with_decision``) and ``event`` is appended in the same transaction: audited if and
-    only if it took effect. ``event`` may be a function of the locked run (to name what was
-    decided, e.g. the pending calls, from the row the guard checked).
+    Without, it is ``queued`` for a worker. The wait's ``approval_deadline`` and
+    ``approval_timeout_action`` are cleared by the same ``UPDATE``. ``decision`` is recorded in
+    the loop state (``turns.with_decision``) and ``event`` is appended in the same transaction:
+    audited if and only if it took effect. ``event`` may be a function of the locked run (to name
+    what was decided, e.g. the pending calls, from the row the guard checked).
 
     The returned run is not read back: it shows the values written, and the columns the
     database computed (``lease_expires``, ``updated_at``) are deferred — loaded on first access.
@@ -127,6 +128,9 @@ def run_decide(
             # A reconciliation verdict resolves the in-doubt write: the fence has done its job.
             "pending_effect": "",
             "pending_call": None,
+            # The wait is over: its deadline means nothing now (the next wait writes its own).
+            "approval_deadline": None,
+            "approval_timeout_action": "",
         }
         lease = None
         if identity:

@@ -79,7 +79,8 @@ def run_cancel(
     Guard: status non-terminal; with ``in_doubt=False`` also not ``waiting_for_reconciliation``
     (the caller may not end a run in doubt: ``False`` then too, and the caller tells the two
     apart). A running holder keeps its ``claimed_by``/``lease_epoch`` so that it recognises the
-    cancel at its next boundary (``run_notice_cancel``); the lease itself ends now.
+    cancel at its next boundary (``run_notice_cancel``); the lease itself ends now, and so does a
+    waiting run's approval deadline (cleared with its action).
     """
     return guarded_write(
         run_id,
@@ -89,6 +90,8 @@ def run_cancel(
             "termination_reason": TerminationReason.CANCELLED,
             "lease_expires": None,
             "pending_turn": None,
+            "approval_deadline": None,
+            "approval_timeout_action": "",
             "finished_at": DbValue.NOW,
         },
         [EventSpec(EventKind.CANCEL, {"note": note}, actor_id=actor_id)],

@@ -3,11 +3,19 @@ another's run is not listed and its pages answer 404, exactly as a run that does
 
 from __future__ import annotations
 
-import pytest
-from django.urls import reverse
+import warnings
 
-from agentruns.models import AgentRunEvent, EventKind
-from tests.agentruns.factories import AgentRunFactory, UserFactory
+import pytest
+from django.conf import settings
+from django.contrib import admin
+from django.core.exceptions import ValidationError
+from django.forms import URLField
+from django.test import override_settings
+from django.urls import reverse
+from django.utils.deprecation import RemovedInDjango60Warning
+
+from agentruns.models import AgentConfiguration, AgentRunEvent, EventKind, McpServer
+from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -79,3 +87,39 @@ def test_an_event_s_payload_is_shown_as_indented_json_with_real_line_breaks(clie
         "<pre>{\n  &quot;name&quot;: &quot;create_note&quot;,\n  &quot;ok&quot;: true\n}</pre>"
         in html.decode()
     )
+
+
+# --- URL fields: https is assumed, the allowlist still judges -----------------------------------
+
+
+@pytest.mark.parametrize("model", [AgentConfiguration, McpServer])
+def test_the_admins_url_fields_assume_https_without_django_s_deprecation_warning(rf, model):
+    """Django 5.2 warns (``RemovedInDjango60Warning``) for a form ``URLField`` that does not say
+    which scheme a URL typed without one gets; the admin says https (Django 6.0's default)."""
+    request = rf.get("/")
+    request.user = UserFactory(is_staff=True, is_superuser=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RemovedInDjango60Warning)
+        form_class = admin.site._registry[model].get_form(request)
+    url_fields = [
+        name for name, field in form_class.base_fields.items() if isinstance(field, URLField)
+    ]
+    assert url_fields
+    for name in url_fields:
+        assert form_class.base_fields[name].clean("hooks.example/x") == "https://hooks.example/x"
+
+
+def test_a_webhook_url_typed_without_a_scheme_is_https_and_must_be_allowlisted_as_such(rf):
+    request = rf.get("/")
+    request.user = UserFactory(is_staff=True, is_superuser=True)
+    form_class = admin.site._registry[AgentConfiguration].get_form(request)
+    url = form_class.base_fields["notify_webhook_url"].clean("hooks.example/leasehold")
+    assert url == "https://hooks.example/leasehold"
+    configuration = AgentConfigurationFactory.build(notify_webhook_url=url)
+    agentruns = {**settings.AGENTRUNS, "WEBHOOK_ALLOWLIST": ["hooks.example"]}
+    with override_settings(AGENTRUNS=agentruns):
+        configuration.clean()  # the host on https's default port
+    agentruns["WEBHOOK_ALLOWLIST"] = ["hooks.example:80"]  # http's port only
+    with override_settings(AGENTRUNS=agentruns), pytest.raises(ValidationError) as refused:
+        configuration.clean()
+    assert "hooks.example:443" in refused.value.message_dict["notify_webhook_url"][0]

@@ -33,6 +33,8 @@ from agentruns.models import (
     TerminationReason,
 )
 from agentruns.services import reaper, runs
+from agentruns.services.deadlines import expire_overdue
+from agentruns.services.decisions import run_decide
 from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.transcript import EXPIRED_MESSAGE
 from agentruns.transitions import _sql
@@ -302,7 +304,7 @@ def test_input_past_the_deadline_is_refused(probes):
 def test_a_decision_before_the_deadline_wins_and_the_deadline_then_finds_nothing(probes):
     run = waiting_for_approval(timeout=LONG)
     assert decide_inline(run).outcome == Outcome.COMPLETED
-    pass_deadline(run)  # the column is left from the wait; the run no longer waits
+    pass_deadline(run)  # even were a deadline written now: the run no longer waits
     assert reaper.reap_stale_runs().expired == []
     assert deadline_events(run) == []
 
@@ -325,6 +327,84 @@ def test_a_cancelled_run_is_not_settled_by_its_deadline(probes):
     assert run.status == Status.CANCELLED
     assert reaper.reap_stale_runs().expired == []
     assert deadline_events(run) == []
+
+
+# --- the deadline ends with the wait --------------------------------------------------------------
+
+
+def deadline_columns(run: AgentRun) -> tuple[Any, str]:
+    fresh = AgentRun.objects.get(pk=run.pk)
+    return fresh.approval_deadline, fresh.approval_timeout_action
+
+
+def decision_writes(queries: CaptureQueriesContext) -> list[str]:
+    """The statements that wrote the run's row (the decision's guarded ``UPDATE``, with its
+    events on PostgreSQL)."""
+    table = AgentRun._meta.db_table
+    return [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].lstrip().upper().startswith(("UPDATE", "WITH")) and table in q["sql"]
+    ]
+
+
+@pytest.mark.parametrize("approved", [True, False], ids=["approve", "deny"])
+def test_a_decision_clears_the_deadline_in_its_own_update(probes, approved):
+    run = waiting_for_approval(timeout=LONG, action="fail")
+    assert deadline_columns(run)[0] is not None
+    with CaptureQueriesContext(connection) as queries:
+        result = run_decide(
+            run_uuid=run.uuid,
+            actor=decider(),
+            approved=approved,
+            turn_digest=run.pending_turn["turn_digest"],
+            mode="queued",
+        )
+    assert result.outcome == Outcome.QUEUED
+    assert deadline_columns(run) == (None, "")
+    [write] = decision_writes(queries)  # no statement of its own
+    assert "approval_deadline" in write and "approval_timeout_action" in write
+    # The worker's segment finds no deadline left over from the wait.
+    assert runs.run_process_queued(run_uuid=run.uuid).outcome == Outcome.COMPLETED
+    assert deadline_columns(run) == (None, "")
+
+
+def test_an_inline_approval_leaves_no_deadline_behind(probes):
+    run = waiting_for_approval(timeout=LONG)
+    assert decide_inline(run).outcome == Outcome.COMPLETED
+    assert deadline_columns(run) == (None, "")
+
+
+def test_an_answer_clears_the_input_deadline(probes):
+    run = waiting_for_input(timeout=LONG)
+    result = runs.run_submit_input(
+        run_uuid=run.uuid,
+        actor=decider(),
+        values={"answer": "blue"},
+        turn_digest=read_pending_turn(run).turn_digest,
+        mode="queued",
+    )
+    assert result.outcome == Outcome.QUEUED
+    assert deadline_columns(run) == (None, "")
+
+
+@pytest.mark.parametrize("waiting", [waiting_for_approval, waiting_for_input])
+def test_a_cancel_clears_the_deadline(probes, waiting):
+    run = waiting(timeout=LONG)
+    assert runs.run_cancel(run_uuid=run.uuid, actor=None)
+    assert AgentRun.objects.get(pk=run.pk).status == Status.CANCELLED
+    assert deadline_columns(run) == (None, "")
+
+
+@pytest.mark.parametrize("action", ["deny", "fail"])
+def test_the_deadline_verdict_spends_the_deadline(probes, action):
+    run = waiting_for_approval(timeout=AT_ONCE, action=action)
+    passed = AgentRun.objects.get(pk=run.pk).approval_deadline
+    [outcome] = expire_overdue(identity="reaper:test")
+    assert outcome.taken and outcome.deadline == passed  # the deadline that passed, as read
+    [event] = deadline_events(run)
+    assert event.payload["deadline"] == passed.isoformat()
+    assert deadline_columns(run) == (None, "")
 
 
 # --- the pass: dry run, metrics, failures --------------------------------------------------------

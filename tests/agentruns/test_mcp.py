@@ -45,9 +45,13 @@ from agentruns.tools.mcp import (
     registered_name,
     server_name_of,
 )
+from agentruns.tools.mcp_client import call_remote_tool, new_session, session_key
+from agentruns.tools.mcp_errors import McpCallFailed
+from agentruns.tools.mcp_sessions import RemoteSession, session_scope
+from agentruns.tools.registry import OutcomeUnknown, ToolContext
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 from tests.support.http_recorder import HTTPRecorder
-from tests.support.mcp_server import TicketServer, free_port
+from tests.support.mcp_server import TicketServer, free_port, server_row, warm_sessions
 
 TICKET = "mcp__tix__create_ticket"
 ROOT = Path(settings.BASE_DIR)
@@ -58,8 +62,8 @@ def make_server(url: str, **fields: Any) -> McpServer:
 
 
 def synced(server: TicketServer, **fields: Any) -> McpServer:
-    row = make_server(server.url, **fields)
-    mcp_server_sync(server=row)
+    """A synced row (synced with time to spare, then given ``timeout_seconds``)."""
+    row: McpServer = server_row(server, **fields)
     return row
 
 
@@ -406,16 +410,23 @@ def test_an_is_error_answer_is_a_result(mcp_server: TicketServer) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_write_sent_then_timed_out_waits_for_reconciliation(mcp_server: TicketServer) -> None:
+def test_a_write_sent_then_timed_out_waits_for_reconciliation(
+    mcp_server: TicketServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 11 §2: the server received the call (it landed) and then held it past the timeout:
-    the outcome is unknown, so the run parks in doubt instead of telling the model it failed."""
-    synced(mcp_server, requires_approval=False, timeout_seconds=1)
+    the outcome is unknown, so the run parks in doubt instead of telling the model it failed.
+
+    The session is open before the segment starts, so the 1s is the call's alone (a session's
+    start on a busy machine can take longer: the call would then, rightly, not be sent)."""
+    row = synced(mcp_server, requires_approval=False, timeout_seconds=1)
+    scopes = warm_sessions(monkeypatch, row)
     config = AgentConfigurationFactory(script=ticket_script())
     mcp_server.hold()
     try:
         result = runs.run_start_sync(configuration=config, prompt="try")
     finally:
         mcp_server.release()
+    assert [scope.opened for scope in scopes] == [1]  # the call used the open session
     assert result.outcome == Outcome.AWAITING_RECONCILIATION, result.detail
     run = result.run
     assert run.status == Status.WAITING_FOR_RECONCILIATION
@@ -426,6 +437,69 @@ def test_a_write_sent_then_timed_out_waits_for_reconciliation(mcp_server: Ticket
     assert "no answer came within 1s" in doubt.payload["error"]
     assert "whether it took effect is unknown" in doubt.payload["error"]
     assert "no answer came within 1s" in run.pending_turn["reason"]
+
+
+def call_context() -> ToolContext:
+    return ToolContext(
+        run_uuid=uuid4(), call_id="c1", initiator_id=None, fencing_token=1, timeout_seconds=30
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_timeout_the_sdks_own_clock_notices_first_is_the_same_verdict(
+    mcp_server: TicketServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deadline is watched by the caller and, as a backstop, by the SDK's request timer. A
+    caller's thread that wakes late (a busy machine) lets the SDK's timer answer first: that is
+    still "no answer came within 1s", not a different story about the same timeout."""
+    row = synced(mcp_server, requires_approval=False, timeout_seconds=1)
+    real_request = RemoteSession.request
+
+    def late_caller(self: RemoteSession, make: Any, deadline: float) -> Any:
+        return real_request(self, make, deadline + 5)
+
+    monkeypatch.setattr(RemoteSession, "request", late_caller)
+    mcp_server.hold()
+    try:
+        with session_scope() as scope:
+            scope.session(
+                session_key(row, 1.0), lambda: new_session(row, 1.0), time.monotonic() + 30
+            )
+            with pytest.raises(OutcomeUnknown) as unknown:
+                call_remote_tool(row, "create_ticket", {"title": "t"}, call_context())
+    finally:
+        mcp_server.release()
+    assert "the call was sent and no answer came within 1s" in str(unknown.value)
+    assert len(mcp_server.tool_calls("create_ticket")) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_call_whose_time_ran_out_before_it_was_handed_over_was_not_sent(
+    mcp_server: TicketServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deadline can pass between opening the session and handing the call to it (a slow
+    start on a busy machine). Nothing was sent then: a definite failure, not a doubt that would
+    park the run for a person to reconcile a call the server never saw."""
+    row = synced(mcp_server, requires_approval=False, timeout_seconds=1)
+    real_request = RemoteSession.request
+    busy = threading.Event()
+
+    def busy_loop(self: RemoteSession, make: Any, deadline: float) -> Any:
+        # The session's loop cannot run the call until the caller has stopped waiting.
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(busy.wait, 30)
+        try:
+            return real_request(self, make, deadline)
+        finally:
+            busy.set()
+
+    monkeypatch.setattr(RemoteSession, "request", busy_loop)
+    with session_scope() as scope:
+        scope.session(session_key(row, 1.0), lambda: new_session(row, 1.0), time.monotonic() + 30)
+        with pytest.raises(McpCallFailed) as failed:
+            call_remote_tool(row, "create_ticket", {"title": "t"}, call_context())
+    assert "ran out before the call was sent; nothing was sent" in str(failed.value)
+    assert mcp_server.tool_calls("create_ticket") == []
 
 
 @pytest.mark.django_db(transaction=True)

@@ -15,11 +15,11 @@ from rest_framework.test import APIClient
 
 from agentruns.models import AgentRun, McpServer, Status
 from agentruns.services import runs
-from agentruns.services.mcp_sync import mcp_server_sync
 from agentruns.services.runtime.results import Outcome
 from agentruns.turns import Call, PendingTurn, read_pending_turn
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
-from tests.support.mcp_server import TicketServer
+from tests.support.mcp_server import TicketServer, warm_sessions
+from tests.support.mcp_server import server_row as synced_row
 
 TICKET = "mcp__tix__create_ticket"
 NOTE = "declared by the server, not verified"
@@ -28,8 +28,7 @@ ARGUMENTS = {"zeta": "last?", "a": "first?", "mm": "middle?"}
 
 
 def server_row(mcp_server: TicketServer, **fields: Any) -> McpServer:
-    row = McpServer.objects.create(name="tix", url=mcp_server.url, **fields)
-    assert mcp_server_sync(server=row).ok
+    row: McpServer = synced_row(mcp_server, **fields)
     return row
 
 
@@ -61,9 +60,10 @@ def test_the_approval_card_names_the_tool_its_server_and_the_unverified_hints(
 
 @pytest.mark.django_db(transaction=True)
 def test_the_reconciliation_card_names_the_source_of_the_call_in_doubt(
-    mcp_server: TicketServer, client: Any
+    mcp_server: TicketServer, client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server_row(mcp_server, requires_approval=False, timeout_seconds=1)
+    row = server_row(mcp_server, requires_approval=False, timeout_seconds=1)
+    warm_sessions(monkeypatch, row)  # the 1s is the call's alone, not a session's slow start
     configuration = AgentConfigurationFactory(
         script=[{"tool_calls": [{"name": TICKET, "arguments": {"title": "t"}}]}]
     )

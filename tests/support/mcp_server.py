@@ -16,6 +16,10 @@ would never derive from a signature, such as a remote ``$ref``).
 inspect the run row while the server holds the call. ``calls`` lists the recorded tool calls;
 ``http_requests`` counts every HTTP request that reached the server. Use the ``mcp_server``
 fixture; ``server.url`` is the ``McpServer.url``.
+
+A test about a short timeout must not spend it on anything but the call: ``server_row`` syncs
+the row with time to spare before giving it its ``timeout_seconds``, and ``warm_sessions``
+hands a segment a scope whose session to the server is already open.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +38,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 
 HOLD_LIMIT_SECONDS = 60.0
+SPARE_SECONDS = 30  # for syncing and opening sessions, which a busy machine can make slow
 
 
 @dataclass
@@ -173,3 +179,47 @@ def mcp_server() -> Iterator[TicketServer]:
         yield server
     finally:
         server.stop()
+
+
+def server_row(server: TicketServer, **fields: Any) -> Any:
+    """An ``McpServer`` row for ``server``, synced (listing its tools with ``SPARE_SECONDS``:
+    a sync that fails for want of time would leave the tools unknown) and then given the
+    ``timeout_seconds`` asked for."""
+    from agentruns.models import McpServer
+    from agentruns.services.mcp_sync import mcp_server_sync
+
+    timeout = fields.pop("timeout_seconds", McpServer._meta.get_field("timeout_seconds").default)
+    row = McpServer.objects.create(
+        name=fields.pop("name", "tix"), url=server.url, timeout_seconds=SPARE_SECONDS, **fields
+    )
+    result = mcp_server_sync(server=row)
+    assert result.ok, result.error
+    McpServer.objects.filter(pk=row.pk).update(timeout_seconds=timeout)
+    row.refresh_from_db()
+    return row
+
+
+@contextmanager
+def _scope_with_open_session(row: Any, opened: list[Any]) -> Iterator[Any]:
+    from agentruns import conf
+    from agentruns.tools.mcp_client import new_session, session_key
+    from agentruns.tools.mcp_sessions import session_scope
+
+    limit = min(float(row.timeout_seconds), float(conf.get("TOOL_TIMEOUT_SECONDS")))
+    with session_scope() as scope:
+        deadline = time.monotonic() + SPARE_SECONDS
+        scope.session(session_key(row, limit), lambda: new_session(row, limit), deadline)
+        opened.append(scope)
+        yield scope
+
+
+def warm_sessions(monkeypatch: pytest.MonkeyPatch, row: Any) -> list[Any]:
+    """Make every segment started from now on get a session scope in which the session to
+    ``row`` (as a call with the default tool timeout keys it) is already open, opened with
+    ``SPARE_SECONDS`` to spare: a call's timeout then covers the call alone, never a session's
+    start. Returns the scopes handed out (``scope.opened == 1``: no call opened another)."""
+    from agentruns.services.runtime import segment
+
+    scopes: list[Any] = []
+    monkeypatch.setattr(segment, "session_scope", lambda: _scope_with_open_session(row, scopes))
+    return scopes
