@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.core.signals import setting_changed
 
 DEFAULTS: dict[str, Any] = {
     # Seconds a segment's lease lasts; renewed at every step boundary and every third of it.
@@ -132,32 +132,15 @@ def settings_from_env(environ: Mapping[str, str]) -> dict:
     return parsed
 
 
-# The project's ``AGENTRUNS`` dict (the object itself, so a change made in it is seen), looked
-# up once instead of through ``settings`` on every call (several per step boundary); forgotten
-# whenever a setting changes (``override_settings``, pytest-django's ``settings``).
-_project: dict[str, Any] | None = None
-
-
-def _forget_project(**kwargs: Any) -> None:
-    global _project
-    _project = None
-
-
-setting_changed.connect(_forget_project, dispatch_uid="agentruns.conf")
-
-
 def get(name: str) -> Any:
     """One ``AGENTRUNS`` value, read at call time so ``override_settings`` works in tests.
 
     The project's ``AGENTRUNS[name]`` when it has one (the setting may be absent or partial),
     else the default. Raises ``ImproperlyConfigured`` for a name that has no default.
     """
-    global _project
-    configured = _project
-    if configured is None:
-        from django.conf import settings
-
-        configured = _project = getattr(settings, "AGENTRUNS", None) or {}
+    # ``settings`` keeps a value it served until a setting changes (``LazySettings``): after the
+    # first read this is a dictionary lookup, with no cache here to go stale.
+    configured = getattr(settings, "AGENTRUNS", None) or {}
     if name in configured:
         return configured[name]
     if name in DEFAULTS:
