@@ -86,7 +86,9 @@ def argument_errors(tool: Tool, arguments: Any) -> str | None:
     return None
 
 
-def invoke_tool(tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
+def invoke_tool(
+    tool: Tool, arguments: Any, context: ToolContext, *, checked: bool = False
+) -> ToolResult:
     """Validate arguments (jsonschema) and call; invalid arguments or a raise → error result.
 
     Never raises for the tool's sake (only ``BaseException``s such as ``KeyboardInterrupt``
@@ -94,9 +96,11 @@ def invoke_tool(tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
     ``"<ExceptionType>: <message>"`` (logged with its traceback); a return value that is not
     strict JSON becomes an error result. On success ``content`` is the JSON round-trip of the
     return value, so what is stored equals what the model sees. The body gets a deep copy of
-    the arguments. No lease or fence is checked here.
+    the arguments. No lease or fence is checked here. ``checked``: the caller has just had
+    ``argument_errors`` accept these very arguments for this very tool (the segment's check
+    before a turn runs), so they are not checked twice.
     """
-    refused = argument_errors(tool, arguments)
+    refused = None if checked else argument_errors(tool, arguments)
     if refused is not None:
         return ToolResult.failure(refused)
     try:

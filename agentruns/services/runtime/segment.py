@@ -121,6 +121,9 @@ class RunSegment(Pauses, ProviderStep):
         self.sessions: SessionScope | None = None
         # The row a suspend left, returned by its UPDATE: the segment's result without a read.
         self._parked: AgentRun | None = None
+        # Per call id, the tool and the very arguments ``_answer_invalid_arguments`` accepted
+        # for it: ``_execute`` does not check them again when it runs that call with them.
+        self._accepted: dict[str, tuple[Tool, Any]] = {}
 
     # -- entry point --
 
@@ -380,6 +383,8 @@ class RunSegment(Pauses, ProviderStep):
             if reason is not None:
                 turn.done.append(call.id)
                 refused.append(refused_event(call, reason))
+            elif tool is not None:
+                self._accepted[call.id] = (tool, call.arguments)
         return self._boundary(refused) if refused else None
 
     def _record_denied(self, turn: Turn, call: Call, *, last_of_turn: bool) -> Stop | None:
@@ -393,6 +398,7 @@ class RunSegment(Pauses, ProviderStep):
         effect = tool.effect if tool is not None else Effect.NON_IDEMPOTENT_WRITE
         if effect in WRITE_EFFECTS:
             self._fenced_effect = str(effect)
+        accepted = self._accepted.pop(call.id, None)
         step = execute_tool_call(
             tool=tool,
             name=call.name,
@@ -404,6 +410,10 @@ class RunSegment(Pauses, ProviderStep):
             # A write's stamp also saves the state: a decision applied by this segment is
             # durable before the write starts (a reconciliation must find the turn approved).
             loop_state=self.state.to_json() if effect in WRITE_EFFECTS else None,
+            # Not checked twice: the same tool and the very arguments accepted before the turn
+            # ran (identity: a tool resolved afresh, or arguments with a person's input laid
+            # over them, are checked again).
+            checked=accepted is not None and accepted[0] is tool and accepted[1] is arguments,
         )
         if step.result is None:  # the fence stamp matched no row: the write did not start
             return self._lost(at="fence")

@@ -157,10 +157,12 @@ def execute_tool_call(
     initiator_id: int | None,
     run_uuid: UUID,
     loop_state: Mapping[str, Any] | None = None,
+    checked: bool = False,
 ) -> ToolStep:
     """Run one tool call behind the fence hook (an unknown tool is a refused write).
 
     Raises ``WriteWithoutDurableExecution`` (no lease, write effect) before the body runs.
+    ``checked``: the arguments were just accepted for this tool (``invoke_tool``).
     """
     effect = tool.effect if tool is not None else Effect.NON_IDEMPOTENT_WRITE
     call = Call(id=call_id, name=name, arguments=arguments, effect=str(effect))
@@ -178,10 +180,10 @@ def execute_tool_call(
     if tool is None:
         result = ToolResult(ok=False, content=None, error=f"unknown tool {name!r}")
     elif lease is None:
-        result = invoke_tool(tool, arguments, context)
+        result = invoke_tool(tool, arguments, context, checked=checked)
     else:
         with LeaseTicker(lease) as ticker:
-            result = invoke_tool(tool, arguments, context)
+            result = invoke_tool(tool, arguments, context, checked=checked)
         lost = ticker.lost
     return ToolStep(result, int((time.monotonic() - started) * 1000), lost)
 
