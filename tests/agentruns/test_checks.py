@@ -86,9 +86,9 @@ def die_in_the_call(monkeypatch, run: AgentRun, *, after_the_write: bool) -> Non
     out and the reaper parks the run in doubt."""
     real = tool_step.invoke_tool
 
-    def dying(tool, arguments, context):
+    def dying(tool, arguments, context, **options):
         if after_the_write:
-            real(tool, arguments, context)
+            real(tool, arguments, context, **options)
         raise SegmentDied()
 
     with monkeypatch.context() as patch:

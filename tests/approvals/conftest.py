@@ -111,7 +111,7 @@ def make_in_doubt_run(
         mode="queued",
     )
 
-    def die(tool, arguments, context):
+    def die(tool, arguments, context, **options):
         raise SegmentDied()
 
     with monkeypatch.context() as patch:
