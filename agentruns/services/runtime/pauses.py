@@ -1,7 +1,7 @@
 """The segment's pauses and endings: the previews and the suspend for a decision, the preview
 re-checked before an approved write (compare-and-swap), the suspend for input, the in-doubt
-park, and the settle (docs/design.md §5, §6, §9.1). A mixin of ``RunSegment``, which provides
-the state, the lease and the boundaries."""
+park, and the settle (docs/design.md §5, §6, §9.1). The base of ``ProviderStep`` and so of
+``RunSegment``, which provides the state, the lease and the boundaries."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The provider step of a segment: the ``request`` boundary, the model call under the lease
 ticker, the ``llm`` event and the turn it proposes, and what a provider failure does
-(docs/design.md §6, §7.1). A mixin of ``RunSegment``, which provides the boundaries."""
+(docs/design.md §6, §7.1). A base of ``RunSegment``, which provides the boundaries."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from agentruns.models import AgentConfiguration, AgentRun, EventKind, Status, Te
 from agentruns.providers import Provider, ProviderError, ProviderReply, provider_for
 from agentruns.providers.base import checked_reply
 from agentruns.services.runtime.failures import provider_error, retry_policy
+from agentruns.services.runtime.pauses import Pauses
 from agentruns.services.runtime.results import Outcome, RetryScheduler, Stop
 from agentruns.services.runtime.ticker import LeaseTicker
 from agentruns.services.runtime.tool_step import ToolGate
@@ -25,8 +26,9 @@ from agentruns.turns import Call, LoopState, Turn
 _NOT_YET = object()
 
 
-class ProviderStep:
-    """Asks the model for the next turn. Needs the segment's state and its boundaries."""
+class ProviderStep(Pauses):
+    """Asks the model for the next turn; settles on a provider failure (``Pauses``). Needs the
+    segment's state and its boundaries."""
 
     # The system prompt and tool names this segment's last recorded request sent.
     _system_recorded: Any = _NOT_YET
@@ -45,28 +47,10 @@ class ProviderStep:
     # The segment's provider, built for its first call (the configuration is read per segment).
     _provider: Provider | None = None
 
-    def _boundary(self, events: list[EventSpec], *, clear_fence: bool = False) -> Stop | None:
-        raise NotImplementedError
-
-    def _lost(self, *, completed: list[EventSpec] | None = None, **detail: Any) -> Stop:
-        raise NotImplementedError
-
     def _waits_for_approval(self) -> bool:
         raise NotImplementedError
 
     def _defer(self, spec: EventSpec) -> None:
-        raise NotImplementedError
-
-    def _settle(
-        self,
-        status: str,
-        reason: str,
-        *,
-        output: str = "",
-        error: dict[str, Any] | None = None,
-        truncated: bool = False,
-        events: list[EventSpec] | None = None,
-    ) -> Stop | None:
         raise NotImplementedError
 
     # -- the provider --

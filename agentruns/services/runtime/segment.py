@@ -38,7 +38,6 @@ from agentruns.services.runtime.decisions import apply_decision
 from agentruns.services.runtime.failures import (
     settle_internal_error,
 )
-from agentruns.services.runtime.pauses import Pauses
 from agentruns.services.runtime.provider_step import ProviderStep
 from agentruns.services.runtime.results import (
     EventObserver,
@@ -70,10 +69,10 @@ from agentruns.turns import (
 logger = logging.getLogger(__name__)
 
 
-class RunSegment(Pauses, ProviderStep):
+class RunSegment(ProviderStep):
     """One stretch of execution of a run under ``lease``: the loop and its boundaries here, the
-    provider step (``ProviderStep``) and the pauses and endings (``Pauses``) in their mixins
-    (``Pauses`` first: ``ProviderStep`` only declares the settle it calls).
+    provider step (``ProviderStep``) and the pauses and endings (``Pauses``, its base) in their
+    own modules.
 
     ``retry`` (workers only) schedules a delayed wake-up after a retryable failure was requeued;
     without it failures settle the run. ``observer`` sees every event once its boundary committed.
