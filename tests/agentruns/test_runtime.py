@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from django.db import connection
@@ -828,21 +830,26 @@ def _statements_of(run_script, configuration) -> int:
     return len(captured.captured_queries)
 
 
+@contextmanager
+def _noop_tool(name: str, effect: str) -> Iterator[None]:
+    """A registered tool that does nothing and issues no SQL, so every statement counted is
+    the runtime's."""
+    registry.register(
+        Tool(name, "Test: does nothing.", {"type": "object"}, effect, lambda c, a: {"ok": True})
+    )
+    try:
+        yield
+    finally:
+        registry.unregister(name)
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)  # autocommit, as in production: no test savepoints
 def test_a_read_round_is_two_statements_on_postgresql():
     """Issue 15: on PostgreSQL a read round's two boundaries are one statement each (the guarded
     UPDATE and its event INSERT in one data-modifying CTE, no BEGIN/COMMIT). The tool issues no
     SQL, so every statement counted is the runtime's."""
-    noop = Tool(
-        "noop_read",
-        "Test: a read that does nothing.",
-        {"type": "object"},
-        Effect.READ,
-        lambda context, arguments: {"ok": True},
-    )
-    registry.register(noop)
-    try:
+    with _noop_tool("noop_read", Effect.READ):
         configuration = config(tools=["noop_read"])
 
         def round_script(rounds: int) -> list[dict]:
@@ -851,8 +858,6 @@ def test_a_read_round_is_two_statements_on_postgresql():
 
         two = _statements_of(round_script(2), configuration)
         five = _statements_of(round_script(5), configuration)
-    finally:
-        registry.unregister("noop_read")
 
     assert (five - two) / 3 <= 2
 
@@ -863,15 +868,7 @@ def test_an_approved_write_round_is_at_most_eight_statements_on_postgresql():
     """Issue 15: an approved write round (the answer, the suspend, the inline decision, the
     continuing segment, the fence stamp and the boundary that clears it) is at most 8
     statements on PostgreSQL: no MAX(sequence), the locked row handed on, nothing read back."""
-    noop = Tool(
-        "noop_write",
-        "Test: an idempotent write that does nothing.",
-        {"type": "object"},
-        Effect.IDEMPOTENT_WRITE,
-        lambda context, arguments: {"ok": True},
-    )
-    registry.register(noop)
-    try:
+    with _noop_tool("noop_write", Effect.IDEMPOTENT_WRITE):
         configuration = config(tools=["noop_write"])
         staff = decider()
         assert staff.has_perm("agentruns.decide_agentrun")  # caches the permissions
@@ -886,7 +883,5 @@ def test_an_approved_write_round_is_at_most_eight_statements_on_postgresql():
             return len(captured.captured_queries)
 
         one, three = statements(1), statements(3)
-    finally:
-        registry.unregister("noop_write")
 
     assert (three - one) / 2 <= 8
