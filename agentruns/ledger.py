@@ -1,5 +1,5 @@
 """The tamper-evident ledger: how a run's events are chained and where the chain's head lives
-(docs/design.md §1.10).
+(docs/design.md §15).
 
 Every event carries ``prev_hash`` (the hash of the run's previous event, or the run's genesis
 value for its first) and ``hash``: SHA-256 over the previous hash and the canonical JSON of the

@@ -1,4 +1,4 @@
-"""The time zone a request's pages show times in (docs/design.md §13): the user's own when their
+"""The time zone a request's pages show times in (docs/design.md §11.3): the user's own when their
 user model has a ``time_zone`` attribute naming one (a project's custom user model), else
 ``settings.TIME_ZONE``. Every screen names the zone it shows (``{% time_zone_name %}``).
 

@@ -86,7 +86,7 @@ class AgentRun(models.Model):
     )
     # The sequence the run's next event takes (its last event's + 1; 0 with none): advanced by
     # the same guarded statement or transaction that appends events, so no writer reads
-    # ``MAX(sequence)`` (docs/design.md §1.10).
+    # ``MAX(sequence)`` (docs/design.md §1.8).
     next_sequence = models.PositiveIntegerField(default=0, editable=False)
 
     class Meta:

@@ -1,4 +1,4 @@
-"""Telling people that runs wait for them (README "Notifications", docs/design.md §8.7).
+"""Telling people that runs wait for them (README "Notifications", docs/design.md §16).
 
 ``notifications_send`` is one pass, run by the django-q2 schedule ``agentruns: notify waiting
 runs`` every minute (``setup_schedules``). It reads the waiting runs once; for each person who

@@ -1,5 +1,5 @@
 """The run's JSON, typed: the stored turn, the pending turn, decisions and the loop state
-(docs/design.md §1.2).
+(docs/design.md §1.4, §1.5).
 
 A run keeps its progress in two JSON columns. ``loop_state`` is the segment's own record (the
 round, the turn being executed, a human's decision waiting to be applied, the digests already

@@ -59,7 +59,7 @@ def turn_digest(
     calls: Iterable[Call | Mapping[str, Any]], *, input_schema: Mapping[str, Any] | None = None
 ) -> str:
     """SHA-256 of the canonical JSON of the calls (id, name and arguments) — what binds a human
-    decision to the turn the human saw (docs/design.md §5.2).
+    decision to the turn the human saw (docs/design.md §5.3).
 
     The call id is included beside the name and arguments so that a model proposing the very
     same call in a later turn gets a new digest: a decision for the old turn is then "already

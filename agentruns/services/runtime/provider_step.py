@@ -65,7 +65,7 @@ class ProviderStep(Pauses):
         # What was sent, without storing the dialogue again: how many messages (the prompt,
         # then the llm and tool events before this one); the system prompt and the tools
         # offered on a segment's first request and when they change. A missing key means "as
-        # the previous request" (transcript.request_messages rebuilds it; docs/design.md §6.4).
+        # the previous request" (transcript.request_messages rebuilds it; docs/design.md §1.9).
         names = [t["function"]["name"] for t in tools]
         payload: dict[str, Any] = {"iteration": self.state.iteration, "final": final}
         if system != self._system_recorded:

@@ -423,7 +423,7 @@ class RunSegment(ProviderStep):
         payload: dict[str, Any] = {"call_id": call.id, "name": call.name}
         if arguments != call.arguments:
             # Only when they are not the proposed ones (a person's input was merged in): the
-            # ``llm`` event that proposed the call already stores them (docs/design.md §6.4).
+            # ``llm`` event that proposed the call already stores them (docs/design.md §1.9).
             payload["arguments"] = arguments
         payload.update(
             {
