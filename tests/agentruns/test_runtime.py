@@ -891,10 +891,12 @@ def test_a_read_round_is_two_statements_on_postgresql():
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)  # autocommit, as in production: no test savepoints
-def test_an_approved_write_round_is_at_most_eight_statements_on_postgresql():
+def test_an_approved_write_round_is_at_most_eleven_statements_on_postgresql():
     """Issue 15: an approved write round (the answer, the suspend, the inline decision, the
-    continuing segment, the fence stamp and the boundary that clears it) is at most 8
-    statements on PostgreSQL: no MAX(sequence), the locked row handed on, nothing read back."""
+    continuing segment, the fence stamp and the boundary that clears it) is at most 11
+    statements on PostgreSQL: no MAX(sequence), the locked row handed on, nothing read back.
+    Three of them are the approver's authority read afresh under the row lock (the user and,
+    with the model backend, its own and its groups' permissions: docs/design.md §5.6)."""
     with _noop_tool("noop_write", Effect.IDEMPOTENT_WRITE):
         configuration = config(tools=["noop_write"])
         staff = decider()
@@ -911,4 +913,4 @@ def test_an_approved_write_round_is_at_most_eight_statements_on_postgresql():
 
         one, three = statements(1), statements(3)
 
-    assert (three - one) / 2 <= 8
+    assert (three - one) / 2 <= 11
