@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
 from agentruns.models import AgentConfiguration
@@ -40,13 +41,26 @@ class Decider:
     """A user as the rules read them: permissions through ``has_perm`` (Django caches them on
     the user object), group memberships read at most once (one query, when first needed).
 
-    Make one per request (the inbox shows a page of cards with one ``Decider``) or per check
-    (the services, under the lock, so that a membership is read afresh).
+    Make one per request (the inbox shows a page of cards with one ``Decider``) or, with
+    ``afresh``, per check (the services, under the lock, so that permissions and memberships
+    are read as they stand then).
     """
 
     def __init__(self, user: User | None) -> None:
         self.user = user
         self._group_ids: frozenset[int] | None = None
+
+    @classmethod
+    def afresh(cls, user: User | None) -> Decider:
+        """A decider read afresh (a decision's check, under the row lock): ``user`` read again,
+        so that its permissions are too — Django caches them on a user object from its first
+        ``has_perm``, and a permission revoked, an account deactivated or a superuser flag
+        removed since must count. An account gone since is nobody (fail closed). One query,
+        then the permission reads of the first ``has_perm`` (two with the model backend)."""
+        if user is None or not user.is_authenticated:
+            return cls(user)
+        fresh = get_user_model()._default_manager.filter(pk=user.pk).first()
+        return cls(fresh if fresh is not None else AnonymousUser())
 
     @property
     def authenticated(self) -> bool:

@@ -17,6 +17,7 @@ from agentruns import transitions
 from agentruns.authority import (
     DECIDE_PERMISSION,
     Authority,
+    Decider,
     approval_authority,
     deciding_authority,
 )
@@ -106,10 +107,11 @@ def _require_authority(actor: User, run: AgentRun, configuration: AgentConfigura
     run's pending turn or give a landed / not landed verdict on it (docs/design.md §5.6).
 
     Runs under the row lock: the calls are read from the locked row; ``configuration`` (its
-    approver group) and the actor's group memberships afresh.
+    approver group), the actor's permissions and group memberships afresh (``Decider.afresh``:
+    not the permissions cached on ``actor`` when the decision started).
     """
     authority = approval_authority(
-        user=actor, configuration=configuration, pending=read_pending_turn(run)
+        user=Decider.afresh(actor), configuration=configuration, pending=read_pending_turn(run)
     )
     if not authority.allowed:
         raise NotPermitted(authority.refusal)

@@ -8,8 +8,13 @@ record what they checked in the decision's event.
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
+
 import pytest
-from django.contrib.auth.models import Group
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -23,6 +28,7 @@ from agentruns.exceptions import NotPermitted, SelfApprovalRefused, UnreadableSt
 from agentruns.models import AgentRun, Effect, EventKind, Status
 from agentruns.services import runs
 from agentruns.tools import Tool, registry
+from agentruns.transitions import decisions as decision_transitions
 from agentruns.turns import Call, PendingTurn, read_pending_turn
 from tests.agentruns.api_support import (
     WEBHOOK_CALL,
@@ -381,3 +387,103 @@ def test_a_decider_reads_its_groups_once_for_a_page_of_cards():
 
     assert len(captured.captured_queries) == 1
     assert [any("membership" in m for m in missing) for missing in allowed] == [True, False, True]
+
+
+# --- Authority changed while a decision waits for the row lock (real threads, PostgreSQL) --------
+
+
+def _revoke_webhooks(run: AgentRun, approver) -> None:
+    approver.user_permissions.remove(
+        Permission.objects.get(content_type__app_label="playground", codename="approve_webhooks")
+    )
+
+
+def _group_the_configuration(run: AgentRun, approver) -> None:
+    group = Group.objects.create(name="late approvers")
+    type(run.configuration).objects.filter(pk=run.configuration_id).update(approver_group=group)
+
+
+def _leave_the_group(run: AgentRun, approver) -> None:
+    approver.groups.clear()
+
+
+def _join_the_group(run: AgentRun, approver) -> None:
+    approver.groups.add(run.configuration.approver_group)
+
+
+#: What another thread changes between a decision's start and its row lock, and whether the
+#: approver may still approve after it.
+AUTHORITY_CHANGES: dict[str, tuple[Callable[[AgentRun, object], None], bool]] = {
+    "approve permission revoked": (_revoke_webhooks, False),
+    "configuration given an approver group": (_group_the_configuration, False),
+    "approver left the group": (_leave_the_group, False),
+    "approver joined the group": (_join_the_group, True),
+}
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("change", AUTHORITY_CHANGES)
+def test_an_approval_is_judged_on_the_authority_as_it_stands_under_the_row_lock(
+    monkeypatch, change
+):
+    """A person's approval starts (the service has checked ``decide_agentrun`` and is about to
+    take the run's row lock) and pauses; meanwhile another thread changes what authorises it —
+    the tool's approve permission, the configuration's approver group, the approver's
+    membership — and commits. The decision then takes the lock: it is judged on the state as it
+    stands then, not as it stood when the decision started."""
+    change_authority, allowed = AUTHORITY_CHANGES[change]
+    group = Group.objects.create(name="approvers")
+    run = waiting_for_approval(script=WEBHOOK_SCRIPT, slug="hooks", approver_group=group)
+    approver = UserFactory(username="approver", permissions=[DECIDE_PERMISSION, WEBHOOKS])
+    if change != "approver joined the group":
+        approver.groups.add(group)
+    turn_digest = digest(run)
+
+    at_lock, go_on = threading.Event(), threading.Event()
+    lock_run = decision_transitions._lock_run
+
+    def pausing_lock_run(run_uuid):  # the decision has started and not yet locked the row
+        at_lock.set()
+        assert go_on.wait(60), "the test never let the decision go on"
+        return lock_run(run_uuid)
+
+    monkeypatch.setattr(decision_transitions, "_lock_run", pausing_lock_run)
+    outcome: dict[str, object] = {}
+
+    def decide() -> None:
+        try:
+            person = get_user_model().objects.get(pk=approver.pk)  # as a request loads it
+            outcome["result"] = runs.run_decide(
+                run_uuid=run.uuid,
+                actor=person,
+                approved=True,
+                turn_digest=turn_digest,
+                mode="queued",
+            )
+        except BaseException as exc:
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=decide)
+    thread.start()
+    try:
+        give_up = time.monotonic() + 60
+        while not at_lock.wait(0.02):
+            assert thread.is_alive(), f"the decision ended before its row lock: {outcome}"
+            assert time.monotonic() < give_up, "the decision never came to its row lock"
+        change_authority(run, approver)  # committed (autocommit) before the lock is taken
+    finally:
+        go_on.set()
+        thread.join(30)
+    assert not thread.is_alive()
+
+    if allowed:
+        assert "error" not in outcome, outcome.get("error")
+        [event] = decision_events(run, EventKind.APPROVAL)
+        assert event.payload["authority"]["group"] == "approvers"
+        assert AgentRun.objects.get(pk=run.pk).status == Status.QUEUED
+    else:
+        assert isinstance(outcome.get("error"), NotPermitted), outcome
+        assert_unchanged(run, Status.WAITING_FOR_APPROVAL)

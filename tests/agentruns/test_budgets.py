@@ -289,6 +289,86 @@ def test_the_check_fails_closed_when_it_cannot_be_made():
     assert AgentRun.objects.get(pk=result.run.pk).status == Status.RUNNING  # the reaper's now
 
 
+# --- An answer and its charge: both or neither ------------------------------------------------
+
+
+@pytest.fixture
+def ledger_refuses_charges():
+    """The database refuses every charge (a write adding a call to a ``SpendDay`` row) with a
+    trigger; a reservation (``calls`` unchanged) still passes. Dropped afterwards."""
+    table = SpendDay._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "CREATE FUNCTION refuse_charge() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'the ledger refuses the charge'; END $$"
+            )
+            cursor.execute(
+                f"CREATE TRIGGER refuse_charge_insert BEFORE INSERT ON {table} FOR EACH ROW "
+                "WHEN (NEW.calls > 0) EXECUTE FUNCTION refuse_charge()"
+            )
+            cursor.execute(
+                f"CREATE TRIGGER refuse_charge_update BEFORE UPDATE ON {table} FOR EACH ROW "
+                "WHEN (NEW.calls > OLD.calls) EXECUTE FUNCTION refuse_charge()"
+            )
+        else:
+            for event, when in (("INSERT", "NEW.calls > 0"), ("UPDATE", "NEW.calls > OLD.calls")):
+                cursor.execute(
+                    f"CREATE TRIGGER refuse_charge_{event.lower()} BEFORE {event} ON {table} "
+                    f"WHEN {when} BEGIN SELECT RAISE(ABORT, 'the ledger refuses the charge'); END"
+                )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            for event in ("insert", "update"):
+                on = f" ON {table}" if connection.vendor == "postgresql" else ""
+                cursor.execute(f"DROP TRIGGER refuse_charge_{event}{on}")
+            if connection.vendor == "postgresql":
+                cursor.execute("DROP FUNCTION refuse_charge()")
+
+
+#: A first answer of each kind, and the write that records it: a read turn (the boundary before
+#: the read runs), a write turn (the suspend for approval), the final answer (the settle).
+ANSWERS = {
+    "read turn": {"tool_calls": [{"name": "probe_read", "arguments": {"value": "r"}}]},
+    "write turn": {"tool_calls": [{"name": "probe_create", "arguments": {"value": "w"}}]},
+    "final answer": {"content": "done"},
+}
+
+
+@pytest.mark.parametrize("budget", [None, Decimal("1")], ids=["unbudgeted", "budgeted"])
+@pytest.mark.parametrize("answer", ANSWERS)
+def test_an_answer_whose_charge_the_database_refuses_is_not_recorded(
+    probes, ledger_refuses_charges, answer, budget
+):
+    """The charge is written in the transaction that records the answer: refused, the answer is
+    not recorded either — no ``llm`` event, no cost, no spend, the run not advanced past the
+    request (the reaper resumes it from there and the model is asked again). Nothing of the
+    turn ran."""
+    config = priced(
+        daily_budget=budget,
+        script=[{**ANSWERS[answer], "usage": USAGE}, {"content": "done", "usage": USAGE}],
+    )
+    user = UserFactory()
+
+    result = run_start_sync(configuration=config, prompt="go", initiator=user)
+
+    assert result.outcome == "failed" and result.detail == {"error": "state_write_failed"}
+    run = AgentRun.objects.get(pk=result.run.pk)
+    assert llm_events(run) == [], "the answer was recorded without its charge"
+    assert run.cost == 0 and run.prompt_tokens == 0
+    assert not SpendDay.objects.filter(calls__gt=0).exists()
+    assert sum(row.amount for row in SpendDay.objects.all()) == 0
+    # Not advanced: still running under the lease (the reaper's once it runs out), at the
+    # request boundary, with no turn and nothing pending.
+    assert run.status == Status.RUNNING and run.pending_turn is None
+    assert run.loop_state.get("iteration", 0) == 0 and run.loop_state.get("turn") is None
+    kinds = list(run.events.order_by("sequence").values_list("kind", flat=True))
+    assert kinds[-1] == EventKind.REQUEST
+    assert probes.seen == []
+
+
 @override_settings(AGENTRUNS={**settings.AGENTRUNS, "USER_DAILY_BUDGET": "ten"})
 def test_a_malformed_user_budget_fails_the_run_before_any_call():
     user = UserFactory()

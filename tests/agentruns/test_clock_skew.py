@@ -10,8 +10,10 @@ functions, so ``from … import now`` copies move too). The database's clock (Po
 The slips these catch: one lease comparison or deadline computed on the app server's clock — a
 guard or selector written ``lease_expires__lt=timezone.now()`` (a fast clock then reaps live runs,
 a slow one leaves dead runs unreaped), a deadline ``timezone.now() + LEASE_SECONDS`` (a fast clock
-then grants an eleven-minute lease), or an ``updated_at`` stamped by the app (a queued run's
-redispatch is then early or ten minutes late).
+then grants an eleven-minute lease), an ``updated_at`` stamped by the app (a queued run's
+redispatch is then early or ten minutes late), or a person's decision checked against its
+approval deadline with ``approval_deadline__lt=timezone.now()`` (a slow clock then accepts an
+approval past the deadline, a fast one refuses an approval in time).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from agentruns import selectors
+from agentruns.exceptions import ApprovalExpired
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import (
     AgentRun,
@@ -53,7 +56,8 @@ from agentruns.transitions import (
 )
 from agentruns.turns import ApprovalDecision, PendingTurn
 from tests.agentruns.factories import AgentConfigurationFactory
-from tests.agentruns.runtime_support import call, config, tool_turn
+from tests.agentruns.runtime_support import call, config, decide_inline, tool_turn
+from tests.agentruns.runtime_support import snapshot as run_snapshot
 from tests.agentruns.transitions_support import (
     CALL,
     DIGEST,
@@ -261,3 +265,48 @@ def test_a_fresh_queued_run_is_not_redispatched(slow_clock):
 
     assert reaper.reap_stale_runs().redispatched == 0
     assert not AgentRunEvent.objects.filter(run=run, kind=EventKind.REAPER).exists()
+
+
+# --- approval deadlines are the database's too --------------------------------------------------
+
+
+def waiting_with_deadline(left: timedelta) -> AgentRun:
+    """A real run waiting for approval of a write, its deadline ``left`` from now on the
+    database clock (negative: already past)."""
+    configuration = config(
+        script=[tool_turn(call("probe_create", value="x")), {"content": "done"}],
+        approval_timeout=timedelta(hours=1),
+    )
+    result = runs.run_start_sync(configuration=configuration, prompt="write x")
+    assert result.outcome == Outcome.AWAITING_APPROVAL
+    AgentRun.objects.filter(pk=result.run.pk).update(approval_deadline=Now() + left)
+    return AgentRun.objects.get(pk=result.run.pk)
+
+
+def test_an_approval_a_second_past_the_deadline_is_refused_on_a_slow_app_clock(slow_clock, probes):
+    """Past by a second on the database clock; to a clock ten minutes slow it has almost ten
+    minutes left. The approval is refused, the write never runs and the run keeps waiting for
+    the deadline to settle it."""
+    run = waiting_with_deadline(-timedelta(seconds=1))
+    before = run_snapshot(run)
+
+    with pytest.raises(ApprovalExpired):
+        decide_inline(run)
+
+    assert run_snapshot(run) == before, "the decision past the deadline changed the run"
+    assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_APPROVAL
+    assert probes.seen == []
+    [verdict] = reaper.reap_stale_runs().expired  # the deadline's to settle
+    assert verdict.run_uuid == run.uuid
+
+
+def test_an_approval_with_five_minutes_left_is_accepted_on_a_fast_app_clock(fast_clock, probes):
+    """Five minutes left on the database clock; to a clock ten minutes fast the deadline
+    passed five minutes ago. The approval is accepted and the write runs once."""
+    run = waiting_with_deadline(timedelta(minutes=5))
+
+    result = decide_inline(run)
+
+    assert result.outcome == Outcome.COMPLETED, result
+    assert [entry["tool"] for entry in probes.seen] == ["probe_create"]
+    assert not AgentRunEvent.objects.filter(run=run, payload__by="deadline").exists()

@@ -37,6 +37,7 @@ from agentruns.models import (
 from agentruns.services import runs
 from agentruns.services.mcp_sync import McpSyncResult, mcp_server_sync
 from agentruns.services.runtime.results import Outcome
+from agentruns.services.runtime.segment import continue_segment
 from agentruns.services.runtime.tool_step import execute_tool_call
 from agentruns.services.runtime.transcript import tool_message_content
 from agentruns.tools import registry
@@ -50,6 +51,7 @@ from agentruns.tools.mcp_errors import McpCallFailed
 from agentruns.tools.mcp_sessions import RemoteSession, session_scope
 from agentruns.tools.registry import OutcomeUnknown, ToolContext
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
+from tests.agentruns.test_continuation import ProcessDied, reclaim_and_claim
 from tests.support.http_recorder import HTTPRecorder
 from tests.support.mcp_server import TicketServer, free_port, server_row, warm_sessions
 
@@ -345,6 +347,97 @@ def test_with_approval_off_a_remote_write_runs_on_the_first_pass_fenced(
     assert event["ok"] is True and event["effect"] == Effect.NON_IDEMPOTENT_WRITE
     assert event["result"]["structuredContent"] == {"ticket": 1}
     assert len(mcp_server.tool_calls("create_ticket")) == 1
+
+
+READ_THEN_WRITE = [
+    {
+        "tool_calls": [
+            {"name": "mcp__tix__echo", "arguments": {"text": "status?"}},
+            {"name": TICKET, "arguments": {"title": "printer on fire"}},
+        ]
+    },
+    {"content": "filed"},
+]
+
+
+def approval_switched_on_during_the_read(mcp_server: TicketServer) -> dict[str, Any]:
+    """Start a run whose turn is a read and then a write of a server that requires no
+    approval; while the server holds the read, switch the server's approval on, then let the
+    read finish. Returns what the segment came to (``result`` or ``error``)."""
+    row = synced(mcp_server, requires_approval=False, read_only_tools=["echo"])
+    config = AgentConfigurationFactory(script=READ_THEN_WRITE)
+    mcp_server.hold()
+    thread, box = in_thread(lambda: runs.run_start_sync(configuration=config, prompt="file it"))
+    try:
+        [read] = mcp_server.wait_for_calls(1)  # the read is running: the server holds it
+        assert read.tool == "echo"
+        McpServer.objects.filter(pk=row.pk).update(requires_approval=True)
+    finally:
+        mcp_server.release()
+        thread.join(timeout=30)
+    return box
+
+
+def assert_the_write_waits(run: AgentRun, mcp_server: TicketServer) -> None:
+    run.refresh_from_db()
+    assert run.status == Status.WAITING_FOR_APPROVAL and run.pending_effect == ""
+    [shown] = run.pending_turn["calls"]  # the read is done: only the write waits
+    assert (shown["name"], shown["needs_approval"]) == (TICKET, True)
+    [echoed] = tool_events(run)
+    assert (echoed["name"], echoed["outcome"]) == ("mcp__tix__echo", "executed")
+    assert [c.tool for c in mcp_server.calls] == ["echo"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_whose_server_requires_approval_from_mid_turn_waits_for_it(
+    mcp_server: TicketServer,
+) -> None:
+    """A turn of a read and then a write of one server, which requires no approval when the
+    turn starts: nothing waits, the read runs. While the read runs, the operator switches the
+    server's approval on. The write is judged on the row as it is when it comes to run: it
+    waits for a decision, its body never runs until someone approves it."""
+    box = approval_switched_on_during_the_read(mcp_server)
+    assert "error" not in box, box.get("error")
+    result = box["result"]
+
+    assert mcp_server.tool_calls("create_ticket") == [], "the write ran without an approval"
+    assert result.outcome == Outcome.AWAITING_APPROVAL, result
+    run = AgentRun.objects.get(pk=result.run.pk)
+    assert_the_write_waits(run, mcp_server)
+
+    staff = UserFactory(permissions=["agentruns.decide_agentrun"])
+    decided = runs.run_decide(
+        run_uuid=run.uuid,
+        actor=staff,
+        approved=True,
+        turn_digest=run.pending_turn["turn_digest"],
+        mode="inline",
+    )
+    assert decided.outcome == Outcome.COMPLETED, decided
+    assert [c.tool for c in mcp_server.calls] == ["echo", "create_ticket"]  # each once
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_segment_dying_before_that_wait_is_written_leaves_the_next_one_to_write_it(
+    mcp_server: TicketServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same turn, and the segment dies after the read's boundary, before its suspend: the
+    segment that continues the run runs the read no more, and the write waits for approval."""
+
+    def dies(*args: Any, **kwargs: Any) -> Any:
+        raise ProcessDied()
+
+    monkeypatch.setattr(transitions, "run_suspend", dies)
+    box = approval_switched_on_during_the_read(mcp_server)
+    assert isinstance(box.get("error"), ProcessDied), box
+    monkeypatch.undo()
+    run = AgentRun.objects.get()
+    assert run.status == Status.RUNNING  # the reaper's once its lease runs out
+
+    result = continue_segment(reclaim_and_claim(run))
+
+    assert result.outcome == Outcome.AWAITING_APPROVAL, result
+    assert_the_write_waits(run, mcp_server)
 
 
 @pytest.mark.django_db

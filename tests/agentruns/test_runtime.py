@@ -647,6 +647,33 @@ def test_a_tool_unregistered_after_its_turn_was_approved_is_an_unknown_tool_resu
     assert_released(run)
 
 
+def test_a_call_to_a_tool_outside_the_requests_narrowed_list_is_an_unknown_write(probes):
+    """A run started with its tools narrowed (the ``tools`` option of the API and the
+    playground) is offered those only. A model calling another tool of its configuration — a
+    read here — calls a tool unknown to the run: shown as unknown, treated as a non-idempotent
+    write, so the turn waits for a decision; approved, the call is answered "unknown tool" and
+    the body never runs."""
+    script = [tool_turn(call("probe_read", value="x")), {"content": "recovered"}]
+    result = start(config(tools=["probe_read", "probe_write"]), script, tools=["probe_write"])
+
+    assert probes.seen == [], "a tool outside the narrowed list ran"
+    assert result.outcome == Outcome.AWAITING_APPROVAL
+    run = result.run
+    [request] = [e for e in events(run) if e.kind == EventKind.REQUEST]
+    assert request.payload["tools"] == ["probe_write"]  # offered: the narrowed list only
+    [shown] = run.pending_turn["calls"]
+    assert (shown["name"], shown["known"], shown["source"]) == ("probe_read", False, "unknown")
+    assert (shown["effect"], shown["needs_approval"]) == (Effect.NON_IDEMPOTENT_WRITE, True)
+
+    assert decide_inline(run).outcome == Outcome.COMPLETED
+
+    assert probes.seen == [], "an approved call to a tool outside the narrowed list ran"
+    [tool_event] = [e for e in events(run) if e.kind == EventKind.TOOL]
+    assert tool_event.payload["error"] == "unknown tool 'probe_read'"
+    assert tool_event.payload["effect"] == Effect.NON_IDEMPOTENT_WRITE
+    assert_released(run)
+
+
 def test_a_provider_failure_in_a_sync_run_settles_failed():
     result = start(config(tools=[]), [{"error": "retryable"}])
 
@@ -864,10 +891,12 @@ def test_a_read_round_is_two_statements_on_postgresql():
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)  # autocommit, as in production: no test savepoints
-def test_an_approved_write_round_is_at_most_eight_statements_on_postgresql():
+def test_an_approved_write_round_is_at_most_eleven_statements_on_postgresql():
     """Issue 15: an approved write round (the answer, the suspend, the inline decision, the
-    continuing segment, the fence stamp and the boundary that clears it) is at most 8
-    statements on PostgreSQL: no MAX(sequence), the locked row handed on, nothing read back."""
+    continuing segment, the fence stamp and the boundary that clears it) is at most 11
+    statements on PostgreSQL: no MAX(sequence), the locked row handed on, nothing read back.
+    Three of them are the approver's authority read afresh under the row lock (the user and,
+    with the model backend, its own and its groups' permissions: docs/design.md §5.6)."""
     with _noop_tool("noop_write", Effect.IDEMPOTENT_WRITE):
         configuration = config(tools=["noop_write"])
         staff = decider()
@@ -884,4 +913,4 @@ def test_an_approved_write_round_is_at_most_eight_statements_on_postgresql():
 
         one, three = statements(1), statements(3)
 
-    assert (three - one) / 2 <= 8
+    assert (three - one) / 2 <= 11

@@ -354,10 +354,13 @@ class RunSegment(ProviderStep):
                 continue
             tool = self.gate.available(call.name)
             needs_approval = tool is None or tool.needs_approval
-            if turn.approved is False or (needs_approval and turn.approved is not True):
-                # Denied: nothing of the turn executes. And fail closed: a call that needs a
-                # decision runs only after an approval.
+            if turn.approved is False:  # denied: nothing of the turn executes
                 stop = self._record_denied(turn, call, last_of_turn=last_of_turn)
+            elif needs_approval and turn.approved is None:
+                # Judged on the tool as it is now, not as the scan above found it: a call whose
+                # tool came to need a decision while an earlier call ran (an approval switch
+                # turned on, a tool gone) runs only after one. The rest of the turn waits.
+                return self._suspend_for_approval(turn)
             elif tool is not None and tool.input_schema is not None:
                 values = turn.inputs.get(call.id)
                 if values is None:
