@@ -50,10 +50,11 @@ def storable_text(text: str) -> str:
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
-def shown(text: Any, limit: int = 60) -> str:
-    """``text`` quoted for a message: every character a column refuses (or a terminal would
-    act on) escaped, cut at ``limit`` characters. Always storable."""
-    quoted = ascii(str(text))
+def shown(value: Any, limit: int = 60) -> str:
+    """``value`` written for a message (``ascii``: text quoted, every character a column
+    refuses or a terminal would act on escaped), cut at ``limit`` characters. Always
+    storable."""
+    quoted = ascii(value)
     return quoted if len(quoted) <= limit else quoted[: limit - 1] + "…"
 
 

@@ -18,6 +18,8 @@ from agentruns.storable import json_problem
 
 #: The longest provider call a configuration may allow (``timeout_seconds``).
 MAX_TIMEOUT_SECONDS = 3600
+#: The largest round cap a configuration may hold (``max_iterations``, a 16-bit column).
+MAX_ROUND_CAP = 32767
 #: The furthest approval deadline a configuration may set (``approval_timeout``): beyond any
 #: wait a person would mean, and far inside what the database's timestamps hold.
 MAX_APPROVAL_TIMEOUT = timedelta(days=366)
@@ -145,7 +147,8 @@ class AgentConfiguration(models.Model):
 
     def clean(self) -> None:
         """Refuses what a run could not use or the database could not store: a timeout outside
-        1 … ``MAX_TIMEOUT_SECONDS`` s, a deadline past ``MAX_APPROVAL_TIMEOUT``, JSON (``tools``,
+        1 … ``MAX_TIMEOUT_SECONDS`` s, a round cap outside 1 … ``MAX_ROUND_CAP``, a deadline
+        past ``MAX_APPROVAL_TIMEOUT``, JSON (``tools``,
         ``script``) holding NUL, lone surrogates or numbers that are not finite, and a script
         the scripted provider would refuse."""
         errors: dict[str, str] = {}
@@ -153,6 +156,10 @@ class AgentConfiguration(models.Model):
             1 <= self.timeout_seconds <= MAX_TIMEOUT_SECONDS
         ):
             errors["timeout_seconds"] = f"A provider timeout is 1 to {MAX_TIMEOUT_SECONDS} seconds."
+        if self.max_iterations is not None and not 1 <= self.max_iterations <= MAX_ROUND_CAP:
+            # The column's bound on every database (SQLite would store more); runs stop at
+            # AGENTRUNS["MAX_ITERATIONS"] whatever this says.
+            errors["max_iterations"] = f"A round cap is 1 to {MAX_ROUND_CAP}."
         if self.approval_timeout is not None and self.approval_timeout > MAX_APPROVAL_TIMEOUT:
             errors["approval_timeout"] = (
                 f"A deadline is at most {MAX_APPROVAL_TIMEOUT.days} days away."

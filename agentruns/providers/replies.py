@@ -14,8 +14,8 @@ arguments are never guessed at):
   or a lone surrogate, or is longer than ``MAX_ID_CHARS`` / ``MAX_NAME_CHARS``; more than
   ``MAX_TOOL_CALLS`` calls, or arguments longer than ``MAX_ARGUMENTS_CHARS`` (JSON) in all;
   content that is not a string or is longer than ``MAX_CONTENT_CHARS``; a token count that is
-  not an integer from 0 to ``MAX_CALL_TOKENS``, or that would take the run's total past what its
-  columns hold (``MAX_TOKENS``).
+  not an integer from 0 to ``MAX_CALL_TOKENS`` (the total: twice that), or that would take the
+  run's total past what its columns hold (``MAX_TOKENS``).
 * **normalised** (named in ``ProviderReply.normalised``, which the ``llm`` event records) —
   NUL characters and lone surrogates in the free text (``content``, ``model``) become U+FFFD,
   and a ``model`` name is cut to ``MAX_MODEL_CHARS``: text a person reads, never something that
@@ -39,8 +39,8 @@ from agentruns.storable import json_problem, shown, storable_text, text_problem
 #: A run's token totals are 32-bit integer columns (PostgreSQL ``integer``): the most a run's
 #: prompt and completion tokens together may add up to.
 MAX_TOKENS = 2**31 - 1
-#: The most tokens one count of one reply may report: a hundred times the largest context
-#: windows offered today; anything above is a broken or hostile counter, not a bill.
+#: The most prompt (or completion) tokens one reply may report, twice that its total: a hundred
+#: times the largest context windows offered today; above is a broken or hostile counter.
 MAX_CALL_TOKENS = 100_000_000
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -142,14 +142,14 @@ def _checked_calls(calls: Any) -> list[ToolCall]:
 
 def _check_label(value: Any, *, what: str, limit: int, position: int) -> None:
     if not isinstance(value, str):
-        raise _Refused(f"tool call {position} has a {what} that is a {type(value).__name__}")
+        raise _Refused(f"tool call {position}: its {what} is a {type(value).__name__}")
     if len(value) > limit:
         raise _Refused(
-            f"tool call {position} has a {what} of {len(value)} characters; at most {limit}"
+            f"tool call {position}: its {what} is {len(value)} characters long; at most {limit}"
         )
     problem = text_problem(value)
     if problem is not None:
-        raise _Refused(f"tool call {position} has a {what} holding {problem}: {shown(value, 40)}")
+        raise _Refused(f"tool call {position}: its {what} holds {problem}: {shown(value, 40)}")
 
 
 def _checked_usage(usage: Any, *, tokens_so_far: int) -> dict[str, int]:
@@ -164,10 +164,9 @@ def _checked_usage(usage: Any, *, tokens_so_far: int) -> dict[str, int]:
             value = int(value)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise _Refused(f"it reported {key}={shown(value, 40)}: not a token count")
-        if value > MAX_CALL_TOKENS:
-            raise _Refused(
-                f"it reported {key}={value}: more than {MAX_CALL_TOKENS} tokens for one call"
-            )
+        limit = 2 * MAX_CALL_TOKENS if key == "total_tokens" else MAX_CALL_TOKENS
+        if value > limit:
+            raise _Refused(f"it reported {key}={value}: more than {limit} tokens for one call")
         counts[key] = value
     added = counts.get("prompt_tokens", 0) + counts.get("completion_tokens", 0)
     if tokens_so_far + added > MAX_TOKENS:
