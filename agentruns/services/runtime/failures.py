@@ -83,7 +83,7 @@ def settle_internal_error(lease: Lease, state: LoopState, exc: Exception) -> Sto
     decides as for a dead segment (docs/design.md §7.4). What the failed step left unwritten is
     not recorded."""
     logger.exception("run %s: unexpected error in the segment", lease.uuid)
-    error = {"type": type(exc).__name__, "message": str(exc)[:500]}
+    error = {"type": type(exc).__name__, "message": storable_text(str(exc)[:500])}
     fenced = (
         AgentRun.objects.filter(pk=lease.run_id).values_list("pending_effect", flat=True).first()
     )
