@@ -64,6 +64,7 @@ class TerminationReason(models.TextChoices):
     INTERNAL_ERROR = "internal_error", "an unexpected error inside Leasehold"
     APPROVAL_EXPIRED = "approval_expired", "nobody decided before its approval deadline"
     BUDGET_EXHAUSTED = "budget_exhausted", "its daily budget was spent"
+    BAD_RESPONSE = "bad_response", "the provider's reply was malformed or could not be stored"
 
 
 class EventKind(models.TextChoices):

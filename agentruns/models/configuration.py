@@ -14,6 +14,15 @@ from django.db.models import Q
 
 from agentruns.models.choices import ApprovalTimeoutAction, Provider
 from agentruns.secrets import secret_env_problem
+from agentruns.storable import json_problem
+
+#: The longest provider call a configuration may allow (``timeout_seconds``).
+MAX_TIMEOUT_SECONDS = 3600
+#: The largest round cap a configuration may hold (``max_iterations``, a 16-bit column).
+MAX_ROUND_CAP = 32767
+#: The furthest approval deadline a configuration may set (``approval_timeout``): beyond any
+#: wait a person would mean, and far inside what the database's timestamps hold.
+MAX_APPROVAL_TIMEOUT = timedelta(days=366)
 
 
 class AgentConfiguration(models.Model):
@@ -35,7 +44,9 @@ class AgentConfiguration(models.Model):
             "LEASEHOLD_)."
         ),
     )
-    timeout_seconds = models.PositiveIntegerField(default=30, help_text="Provider call timeout.")
+    timeout_seconds = models.PositiveIntegerField(
+        default=30, help_text="Provider call timeout in seconds (1 to 3600)."
+    )
     system_prompt = models.TextField(blank=True)
     tools = models.JSONField(default=list, blank=True, help_text="Allowed tool names; empty = all.")
     max_iterations = models.PositiveSmallIntegerField(
@@ -135,7 +146,35 @@ class AgentConfiguration(models.Model):
         return self.name or self.slug
 
     def clean(self) -> None:
+        """Refuses what a run could not use or the database could not store: a timeout outside
+        1 … ``MAX_TIMEOUT_SECONDS`` s, a round cap outside 1 … ``MAX_ROUND_CAP``, a deadline
+        past ``MAX_APPROVAL_TIMEOUT``, JSON (``tools``,
+        ``script``) holding NUL, lone surrogates or numbers that are not finite, and a script
+        the scripted provider would refuse."""
         errors: dict[str, str] = {}
+        if self.timeout_seconds is not None and not (
+            1 <= self.timeout_seconds <= MAX_TIMEOUT_SECONDS
+        ):
+            errors["timeout_seconds"] = f"A provider timeout is 1 to {MAX_TIMEOUT_SECONDS} seconds."
+        if self.max_iterations is not None and not 1 <= self.max_iterations <= MAX_ROUND_CAP:
+            # The column's bound on every database (SQLite would store more); runs stop at
+            # AGENTRUNS["MAX_ITERATIONS"] whatever this says.
+            errors["max_iterations"] = f"A round cap is 1 to {MAX_ROUND_CAP}."
+        if self.approval_timeout is not None and self.approval_timeout > MAX_APPROVAL_TIMEOUT:
+            errors["approval_timeout"] = (
+                f"A deadline is at most {MAX_APPROVAL_TIMEOUT.days} days away."
+            )
+        for name in ("tools", "script"):
+            if (problem := json_problem(getattr(self, name))) is not None:
+                errors[name] = f"This JSON cannot be stored: {problem}."
+        if "script" not in errors and (self.script or self.provider == Provider.SCRIPTED):
+            from agentruns.providers.base import ProviderError
+            from agentruns.providers.scripted import validate_script
+
+            try:
+                validate_script(self.script)
+            except ProviderError as exc:
+                errors["script"] = str(exc)
         if self.api_key_env:
             problem = secret_env_problem(self.api_key_env)
             if problem is not None:

@@ -36,6 +36,9 @@ class ProviderReply:
     tool_calls: list[ToolCall]
     usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, completion_tokens
     model: str = ""
+    # The parts ``providers.replies.check_reply`` changed to make them storable ("content",
+    # "model"); empty for a reply as the provider sent it.
+    normalised: tuple[str, ...] = ()
 
     def as_message(self) -> dict[str, Any]:
         """The OpenAI chat ``assistant`` message for this reply, to append to the dialogue."""
@@ -106,25 +109,7 @@ class Provider(Protocol):
         """Answer one turn. ``messages`` are OpenAI chat messages, ``tools`` OpenAI tool specs.
 
         Raises ``ProviderError`` (and nothing else) on failure. Does not mutate its arguments.
+        The runtime checks what it returns (``providers.replies.check_reply``) before anything
+        of it is stored.
         """
         ...
-
-
-#: Token counts are stored in 32-bit integer columns (PostgreSQL ``integer``).
-MAX_TOKENS = 2**31 - 1
-
-
-def checked_reply(reply: ProviderReply) -> ProviderReply:
-    """``reply`` if its token usage can be stored, else a non-retryable ``bad_response``: a count
-    that is not an integer from 0 to ``MAX_TOKENS`` is a malformed reply, not a number to add."""
-    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
-        value = reply.usage.get(key, 0)
-        if value is None:
-            continue
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TOKENS:
-            raise ProviderError(
-                f"the provider reported {key}={value!r}: not a token count",
-                kind=ErrorKind.BAD_RESPONSE,
-                retryable=False,
-            )
-    return reply

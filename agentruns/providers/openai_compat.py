@@ -25,6 +25,7 @@ from agentruns.providers.base import (
     ToolCall,
 )
 from agentruns.secrets import read_secret_env
+from agentruns.storable import storable_text
 
 _MAX_MESSAGE = 500
 _SDK_STATUS_PREFIX = re.compile(r"^Error code: \d+(\s+-\s+)?")
@@ -35,7 +36,10 @@ _SECRET_PATTERNS = (
 
 
 def _sanitise(text: str, secret: str | None) -> str:
-    """``text`` without the key (or anything shaped like one), cut to a storable length."""
+    """``text`` without the key (or anything shaped like one), cut to a storable length, with
+    what no column stores (NUL, lone surrogates: a server's error text may hold them)
+    replaced."""
+    text = storable_text(text)
     if secret:
         text = text.replace(secret, "[redacted]")
     text = _SECRET_PATTERNS[0].sub(r"\1[redacted]", text)
@@ -61,7 +65,8 @@ def classify(exc: BaseException, *, secret: str | None = None) -> ProviderError:
     """Map an SDK (or any) exception to a ``ProviderError`` per docs/design.md §7.1.
 
     Connection errors, timeouts, 408, 429 and 5xx are retryable; 401/403 (``auth``),
-    400/404/422 (``bad_request``) and everything else (``unknown``) are not.
+    400/404/422 (``bad_request``), an answer that is not a completion (``bad_response``) and
+    everything else (``unknown``) are not.
     """
     if isinstance(exc, openai.APITimeoutError):
         return ProviderError(
@@ -87,7 +92,13 @@ def classify(exc: BaseException, *, secret: str | None = None) -> ProviderError:
             retryable=retryable,
             status_code=exc.status_code,
         )
-    if isinstance(exc, openai.APIResponseValidationError):
+    if isinstance(
+        exc,
+        openai.APIResponseValidationError
+        | json.JSONDecodeError
+        | UnicodeDecodeError
+        | RecursionError,
+    ):  # a 200 whose body is not a completion: not JSON, not UTF-8, nested past the parser
         return ProviderError(
             _sanitise(f"The provider's answer was not a valid completion: {exc}", secret),
             kind=ErrorKind.BAD_RESPONSE,
@@ -102,7 +113,9 @@ def classify(exc: BaseException, *, secret: str | None = None) -> ProviderError:
 
 def parse_arguments(raw: Any) -> dict[str, Any]:
     """A tool call's JSON arguments as a dict: empty → ``{}``; not a JSON object →
-    ``{UNPARSED_KEY: raw}`` so schema validation reports it to the model."""
+    ``{UNPARSED_KEY: raw}`` so schema validation reports it to the model. Parsed as Python's
+    ``json`` does (``NaN``, ``1e999``, ``"\\u0000"`` included): ``check_reply`` refuses what
+    cannot be stored. Nesting past the parser's stack is ``bad_response``."""
     if isinstance(raw, dict):
         return raw
     if raw is None or (isinstance(raw, str) and not raw.strip()):
@@ -111,33 +124,46 @@ def parse_arguments(raw: Any) -> dict[str, Any]:
         parsed = json.loads(raw)
     except (TypeError, ValueError):
         parsed = None
+    except RecursionError:
+        raise ProviderError(
+            "The provider's reply was refused: a tool call's arguments are nested too deeply "
+            "to parse.",
+            kind=ErrorKind.BAD_RESPONSE,
+            retryable=False,
+        ) from None
     if isinstance(parsed, dict):
         return parsed
     return {UNPARSED_KEY: raw if isinstance(raw, str) else repr(raw)}
 
 
 def _tool_call(call: Any) -> ToolCall:
-    call_id = getattr(call, "id", None) or f"call_{uuid.uuid4().hex}"
+    """One tool call as sent: an id or name that is not a string is kept as it is, for
+    ``check_reply`` to refuse (never turned into text that names some other tool)."""
+    call_id = getattr(call, "id", None)
+    if call_id is None or call_id == "":
+        call_id = f"call_{uuid.uuid4().hex}"
     function = getattr(call, "function", None)
     if function is not None:
-        name, raw = getattr(function, "name", "") or "", getattr(function, "arguments", None)
+        name, raw = getattr(function, "name", None), getattr(function, "arguments", None)
     else:  # a "custom" tool call: free-form input, no JSON arguments
         custom = getattr(call, "custom", None)
-        name, raw = getattr(custom, "name", "") or "", getattr(custom, "input", None)
-    return ToolCall(id=str(call_id), name=str(name), arguments=parse_arguments(raw))
+        name, raw = getattr(custom, "name", None), getattr(custom, "input", None)
+    return ToolCall(id=call_id, name="" if name is None else name, arguments=parse_arguments(raw))
 
 
-def _usage(usage: Any) -> dict[str, int]:
-    """The reply's token counts; ``{}`` when the endpoint reported no usage at all (the call's
-    cost is then unknown: charged 0 and marked, ``agentruns.budgets``)."""
+def _usage(usage: Any) -> dict[str, Any]:
+    """The reply's token counts as sent (``check_reply`` refuses what is not a count); ``{}``
+    when the endpoint reported no usage at all (the call's cost is then unknown: charged 0 and
+    marked, ``agentruns.budgets``). A missing or zero total is the sum of the other two."""
     if usage is None:
         return {}
     counts = {
-        key: int(getattr(usage, key, 0) or 0)
+        key: getattr(usage, key, None) or 0
         for key in ("prompt_tokens", "completion_tokens", "total_tokens")
     }
-    if not counts["total_tokens"]:
-        counts["total_tokens"] = counts["prompt_tokens"] + counts["completion_tokens"]
+    prompt, completion = counts["prompt_tokens"], counts["completion_tokens"]
+    if not counts["total_tokens"] and type(prompt) is int and type(completion) is int:
+        counts["total_tokens"] = prompt + completion
     return counts
 
 
@@ -223,12 +249,15 @@ class OpenAIProvider:
             )
         try:
             message = choices[0].message
+            model = getattr(completion, "model", None)
             return ProviderReply(
-                content=message.content or "",
+                content="" if message.content is None else message.content,
                 tool_calls=[_tool_call(call) for call in (message.tool_calls or [])],
                 usage=_usage(getattr(completion, "usage", None)),
-                model=getattr(completion, "model", None) or self.model,
+                model=model if isinstance(model, str) and model else self.model,
             )
+        except ProviderError:
+            raise
         except Exception as exc:  # a completion-shaped answer with the wrong insides
             raise ProviderError(
                 _sanitise(f"The provider's answer was not a valid completion: {exc}", secret),

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -50,7 +51,10 @@ def _invalid(message: str) -> ProviderError:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A finite JSON number (``1e999`` parses as infinity: not one)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _validate_turn(index: int, turn: Any) -> None:
@@ -93,7 +97,7 @@ def _validate_turn(index: int, turn: Any) -> None:
             if not isinstance(call.get("arguments", {}), dict):
                 raise _invalid(f"{call_where}: 'arguments' must be an object.")
     if "delay" in turn and (not _is_number(turn["delay"]) or turn["delay"] < 0):
-        raise _invalid(f"{where}: 'delay' must be a non-negative number of seconds.")
+        raise _invalid(f"{where}: 'delay' must be a finite, non-negative number of seconds.")
     if "delay" in turn and turn["delay"] > float(conf.get("TOOL_TIMEOUT_SECONDS")):
         raise _invalid(
             f"{where}: 'delay' may not exceed the tool timeout "

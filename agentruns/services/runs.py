@@ -31,10 +31,13 @@ from agentruns.models import (
     Segment,
     Status,
 )
+from agentruns.providers.base import ProviderError
+from agentruns.providers.scripted import validate_script
 from agentruns.services import dispatch
 from agentruns.services._common import ClaimHook, User, run_id_of, user_id
 from agentruns.services.runtime.results import EventObserver, SegmentResult
 from agentruns.services.runtime.segment import continue_segment
+from agentruns.storable import json_problem, text_problem
 from agentruns.tools import registry
 
 logger = logging.getLogger(__name__)
@@ -61,9 +64,13 @@ def _configuration(configuration: AgentConfiguration | str) -> AgentConfiguratio
 def build_request(
     *, configuration: AgentConfiguration, prompt: Any, options: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """The serialised request: everything any segment on any machine needs to run it."""
+    """The serialised request: everything any segment on any machine needs to run it. Refused
+    (``InvalidRequest``) before anything is written: text or JSON no column can store
+    (``agentruns.storable``), and a script the scripted provider would refuse."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidRequest("prompt must be a non-empty string", field="prompt")
+    if (problem := text_problem(prompt)) is not None:
+        raise InvalidRequest(f"prompt holds {problem}", field="prompt")
     limit = int(conf.get("MAX_PROMPT_CHARS"))
     if len(prompt) > limit:
         raise InvalidRequest(
@@ -83,6 +90,12 @@ def build_request(
             )
         if not isinstance(options["script"], list):
             raise InvalidRequest("script must be a list of turns", field="script")
+        if (problem := json_problem(options["script"])) is not None:
+            raise InvalidRequest(f"script cannot be stored: {problem}", field="script")
+        try:
+            validate_script(options["script"])
+        except ProviderError as exc:
+            raise InvalidRequest(str(exc), field="script") from None
         request["script"] = options["script"]
     if options.get("tools") is not None:
         tools = options["tools"]
@@ -98,6 +111,8 @@ def build_request(
     if options.get("system_prompt"):
         if not isinstance(options["system_prompt"], str):
             raise InvalidRequest("system_prompt must be a string", field="system_prompt")
+        if (problem := text_problem(options["system_prompt"])) is not None:
+            raise InvalidRequest(f"system_prompt holds {problem}", field="system_prompt")
         request["system_prompt"] = options["system_prompt"]
     if options.get("max_iterations") is not None:
         cap = options["max_iterations"]

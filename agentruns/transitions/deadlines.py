@@ -34,6 +34,7 @@ from agentruns.models import (
     Status,
     TerminationReason,
 )
+from agentruns.models.configuration import MAX_APPROVAL_TIMEOUT
 from agentruns.transitions._writer import DbValue, guarded_write, state_write
 from agentruns.turns import (
     DEADLINE,
@@ -59,6 +60,8 @@ class WaitDeadline:
         timeout = configuration.approval_timeout
         if timeout is not None and timeout <= timedelta(0):
             timeout = None  # refused by the admin; a row written around it means no deadline
+        elif timeout is not None and timeout > MAX_APPROVAL_TIMEOUT:
+            timeout = MAX_APPROVAL_TIMEOUT  # likewise: never a timestamp the column cannot hold
         action = configuration.on_approval_timeout
         if action not in ApprovalTimeoutAction.values:
             action = ApprovalTimeoutAction.FAIL  # unknown: the safe ending

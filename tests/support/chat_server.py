@@ -5,6 +5,10 @@
 request (path, lower-cased headers, JSON body). An empty queue answers 400 (not retryable) so a
 test that under-scripts fails fast. Use the ``chat_server`` fixture; ``server.base_url`` is the
 ``base_url`` for an ``AgentConfiguration``.
+
+Hostile answers go out exactly as written: ``reply_raw`` sends a body (text or bytes) as it is,
+and ``raw_completion`` builds a completion from raw JSON fragments, so a test can send what
+Python's ``json`` would never write (``NaN``, ``1e999``, ``"\\u0000"``, ``"\\ud800"``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import pytest
 
 @dataclass(frozen=True)
 class ScriptedResponse:
-    """What the server answers to one request: a status, a JSON (or raw text) body, a delay."""
+    """What the server answers to one request: a status, a JSON body (a ``str`` or ``bytes``
+    body is sent as it is), a delay."""
 
     status: int = 200
     body: Any = None
@@ -79,6 +84,40 @@ def completion(
     }
 
 
+def raw_completion(
+    *,
+    content: str = "null",
+    tool_calls: list[dict[str, str]] | None = None,
+    usage: str = '{"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}',
+    model: str = '"test-model"',
+    finish_reason: str | None = None,
+) -> str:
+    """A chat-completion body whose parts are raw JSON text, written into it untouched.
+
+    ``content``, ``usage``, ``model`` and ``finish_reason`` are JSON fragments (``'"a\\u0000b"'``,
+    ``'{"prompt_tokens": NaN}'``). Each tool call is ``{"id", "name", "arguments"}``, all raw
+    fragments too, except that ``arguments`` is the *text* of the arguments (what the model
+    wrote, e.g. ``'{"value": NaN}'``), quoted here as the protocol's string.
+    """
+    calls = ""
+    if tool_calls:
+        calls = ', "tool_calls": [' + ", ".join(_raw_call(n, c) for n, c in enumerate(tool_calls))
+        calls += "]"
+    finish = finish_reason or ('"tool_calls"' if tool_calls else '"stop"')
+    message = '{"role": "assistant", "content": ' + content + calls + "}"
+    return (
+        '{"id": "chatcmpl-raw", "object": "chat.completion", "created": 0, '
+        f'"model": {model}, "choices": [{{"index": 0, "message": {message}, '
+        f'"finish_reason": {finish}}}], "usage": {usage}}}'
+    )
+
+
+def _raw_call(position: int, call: dict[str, str]) -> str:
+    function = f'{{"name": {call["name"]}, "arguments": {json.dumps(call["arguments"])}}}'
+    call_id = call.get("id", f'"call_{position}"')
+    return f'{{"id": {call_id}, "type": "function", "function": {function}}}'
+
+
 def error_body(message: str, *, type_: str = "server_error") -> dict[str, Any]:
     """An OpenAI-style error body."""
     return {"error": {"message": message, "type": type_, "code": None}}
@@ -110,6 +149,10 @@ class ChatServer:
     def reply(self, *, delay: float = 0.0, **completion_fields: Any) -> None:
         """Queue a 200 completion (arguments as for ``completion``)."""
         self.enqueue(ScriptedResponse(body=completion(**completion_fields), delay=delay))
+
+    def reply_raw(self, body: str | bytes, *, status: int = 200) -> None:
+        """Queue a body sent exactly as given (``raw_completion``, or any bytes at all)."""
+        self.enqueue(ScriptedResponse(status=status, body=body))
 
     def fail(self, status: int, message: str = "scripted failure") -> None:
         """Queue an error status with an OpenAI-style error body."""
@@ -181,11 +224,12 @@ class ChatServer:
                 )
         if response.delay and self._stopping.wait(response.delay):
             return
-        payload = (
-            response.body.encode()
-            if isinstance(response.body, str)
-            else json.dumps(response.body).encode()
-        )
+        if isinstance(response.body, bytes):
+            payload = response.body
+        elif isinstance(response.body, str):
+            payload = response.body.encode()
+        else:
+            payload = json.dumps(response.body).encode()
         try:
             handler.send_response(response.status)
             handler.send_header("Content-Type", "application/json")

@@ -1,10 +1,12 @@
 """What a segment does when its provider fails, and the totals it settles with
 (docs/design.md §7).
 
-A provider failure is settled or retried by one policy, ``retry_policy``: without a retry
-scheduler (an interactive segment) it settles ``provider_failed``; a failure the provider marks
-not retryable settles ``not_retryable``; a spent budget ``retries_exhausted``; otherwise the run
-is requeued with an exponential backoff.
+A provider failure is settled or retried by one policy, ``retry_policy``: a reply that was
+refused (``bad_response``: not a completion, or holding what cannot be stored or run,
+``providers.replies``) settles ``bad_response`` at once, with an ``error`` event saying why;
+otherwise, without a retry scheduler (an interactive segment) it settles ``provider_failed``; a
+failure the provider marks not retryable settles ``not_retryable``; a spent budget
+``retries_exhausted``; otherwise the run is requeued with an exponential backoff.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from agentruns import conf, transitions
 from agentruns.exceptions import StateWriteFailed
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, EventKind, Status, TerminationReason
-from agentruns.providers.base import ProviderError
+from agentruns.providers.base import ErrorKind, ProviderError
 from agentruns.services.runtime.results import Outcome, Stop
+from agentruns.storable import storable_text
 from agentruns.turns import LoopState
 
 logger = logging.getLogger(__name__)
@@ -33,12 +36,15 @@ class RetryVerdict:
 
 
 def provider_error(exc: ProviderError) -> dict[str, Any]:
-    """The ``error`` recorded for a provider failure (the message bounded)."""
-    return {"type": f"ProviderError:{exc.kind}", "message": str(exc)[:500]}
+    """The ``error`` recorded for a provider failure: the message bounded, and storable whatever
+    a remote server put in it (``storable_text``)."""
+    return {"type": f"ProviderError:{exc.kind}", "message": storable_text(str(exc)[:500])}
 
 
 def retry_policy(exc: ProviderError, *, can_retry: bool, requeue_count: int) -> RetryVerdict:
     """Settle or retry a provider failure (see the module docstring)."""
+    if exc.kind == ErrorKind.BAD_RESPONSE:
+        return RetryVerdict(settle_reason=TerminationReason.BAD_RESPONSE)
     if not can_retry:
         return RetryVerdict(settle_reason=TerminationReason.PROVIDER_FAILED)
     if not exc.retryable:
@@ -47,6 +53,14 @@ def retry_policy(exc: ProviderError, *, can_retry: bool, requeue_count: int) -> 
         return RetryVerdict(settle_reason=TerminationReason.RETRIES_EXHAUSTED)
     delay = float(conf.get("RETRY_BACKOFF_SECONDS")) * (2**requeue_count)
     return RetryVerdict(retry_in_seconds=delay)
+
+
+def settle_events(exc: ProviderError, error: dict[str, Any]) -> list[EventSpec]:
+    """The events a provider failure's settle appends: an ``error`` event for a refused reply
+    (the reply itself is not recorded, so the event says what was wrong with it)."""
+    if exc.kind != ErrorKind.BAD_RESPONSE:
+        return []
+    return [EventSpec(EventKind.ERROR, dict(error))]
 
 
 def totals(state: LoopState, *, truncated: bool) -> dict[str, Any]:
@@ -69,7 +83,7 @@ def settle_internal_error(lease: Lease, state: LoopState, exc: Exception) -> Sto
     decides as for a dead segment (docs/design.md §7.4). What the failed step left unwritten is
     not recorded."""
     logger.exception("run %s: unexpected error in the segment", lease.uuid)
-    error = {"type": type(exc).__name__, "message": str(exc)[:500]}
+    error = {"type": type(exc).__name__, "message": storable_text(str(exc)[:500])}
     fenced = (
         AgentRun.objects.filter(pk=lease.run_id).values_list("pending_effect", flat=True).first()
     )

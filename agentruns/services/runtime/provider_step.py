@@ -14,8 +14,8 @@ from agentruns.exceptions import StateWriteFailed
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentConfiguration, AgentRun, EventKind, Status, TerminationReason
 from agentruns.providers import Provider, ProviderError, ProviderReply, provider_for
-from agentruns.providers.base import checked_reply
-from agentruns.services.runtime.failures import provider_error, retry_policy
+from agentruns.providers.replies import check_reply
+from agentruns.services.runtime.failures import provider_error, retry_policy, settle_events
 from agentruns.services.runtime.pauses import Pauses
 from agentruns.services.runtime.results import Outcome, RetryScheduler, Stop
 from agentruns.services.runtime.ticker import LeaseTicker
@@ -87,10 +87,12 @@ class ProviderStep(Pauses):
         started = time.monotonic()
         with LeaseTicker(self.lease) as ticker:
             try:
-                reply = checked_reply(
+                # Checked before anything of it is stored, shown or run (providers.replies).
+                reply = check_reply(
                     provider.complete(
                         messages=list(self.messages), tools=tools, run_uuid=str(self.run.uuid)
-                    )
+                    ),
+                    tokens_so_far=self.state.usage.total_tokens,
                 )
             except ProviderError as exc:
                 failure: ProviderError | None = exc
@@ -139,6 +141,7 @@ class ProviderStep(Pauses):
                 ],
                 "usage": dict(reply.usage),
                 "model": reply.model,
+                **({"normalised": list(reply.normalised)} if reply.normalised else {}),
                 **_priced(priced),
             },
             duration_ms=duration_ms,
@@ -185,7 +188,8 @@ class ProviderStep(Pauses):
             exc, can_retry=self.retry is not None, requeue_count=self.run.requeue_count
         )
         if verdict.settle_reason is not None:
-            stop = self._settle(Status.FAILED, verdict.settle_reason, error=error)
+            events = settle_events(exc, error)
+            stop = self._settle(Status.FAILED, verdict.settle_reason, error=error, events=events)
             return stop or Stop.of(Outcome.FAILED, reason=verdict.settle_reason)
         delay = float(verdict.retry_in_seconds or 0)
         requeued = transitions.run_requeue(
