@@ -161,14 +161,21 @@ class ProviderStep(Pauses):
         """The budget check before a provider call (``budgets.reserve``): ``None`` when no
         budget applies, the reservation when every budget admits the call, else the run is
         settled ``failed`` / ``budget_exhausted`` with a ``budget`` event and the model is not
-        called. A database error propagates (``StateWriteFailed``): no call without a check."""
+        called. A check that waits for calls in flight keeps the lease alive; a lease lost
+        meanwhile is found by the next write. A database error propagates
+        (``StateWriteFailed``): no call without a check."""
         applicable = budgets.budgets_for(
             configuration=self.config, initiator_id=self.run.initiator_id
         )
         if not applicable:
             return None
         try:
-            verdict = budgets.reserve(applicable)
+            with LeaseTicker(self.lease) as ticker:
+                verdict = budgets.reserve(
+                    applicable,
+                    holder=budgets.Holder.of(self.config, self.lease),
+                    waiting=lambda: not ticker.lost,
+                )
         except DatabaseError as exc:
             raise StateWriteFailed("the budget check failed", transition="reserve") from exc
         if isinstance(verdict, budgets.Reservation):
