@@ -282,10 +282,10 @@ def reserve(
 ) -> Reservation | Exhausted:
     """The check before a provider call (see the module docstring). Every budget admitted: the
     ``Reservation`` (committed at once, outside any caller's transaction). Refused: nothing is
-    held, and the first refusing budget is answered with its spend and what is held on it —
-    at once when its spend reaches its limit; otherwise (calls in flight may end costing less
-    than they hold) after asking again every ``WAIT_STEPS`` while ``waiting()`` (the caller's
-    lease is alive), for at most ``holder.seconds``."""
+    held, and a refusing budget is answered with its spend and what is held on it (a spent one
+    first) — at once when its spend reaches its limit; otherwise (calls in flight may end
+    costing less than they hold) after asking again every ``WAIT_STEPS`` while ``waiting()``
+    (the caller's lease is alive), for at most ``holder.seconds``."""
     if not budgets:
         raise ValueError("nothing to reserve against")
     deadline, attempt = time.monotonic() + holder.seconds, 0
@@ -329,8 +329,8 @@ def _reserve_once(budgets: Sequence[Budget], holder: Holder) -> Reservation | Ex
             return _hold(db, cursor, admitted, holder)
         transaction.set_rollback(True, using=db.alias)  # a refusal by one holds nothing
     taken = {(str(row[1]), int(row[2])) for row in admitted}
-    refused = next(b for b in budgets if (str(b.scope), b.key) not in taken)
-    return _exhausted(db, refused)
+    refusals = [_exhausted(db, b) for b in budgets if (str(b.scope), b.key) not in taken]
+    return next((r for r in refusals if r.spent), refusals[0])  # a spent one: no use waiting
 
 
 def _hold(db: Any, cursor: Any, admitted: list[Any], holder: Holder) -> Reservation:

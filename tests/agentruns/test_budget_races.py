@@ -431,6 +431,33 @@ def test_a_wait_ends_at_the_holders_deadline_with_what_is_held():
     assert isinstance(refusal, budgets.Exhausted) and time.monotonic() - began < 0.5
 
 
+@override_settings(AGENTRUNS={**settings.AGENTRUNS, "USER_DAILY_BUDGET": "1"})
+def test_no_wait_when_another_budget_of_the_call_is_spent():
+    user = UserFactory()
+    config = priced(daily_budget=Decimal("3"))
+    applicable = budgets.budgets_for(configuration=config, initiator_id=user.pk)
+    first = budgets.reserve(applicable, holder=holder("0.5"))
+    assert isinstance(first, budgets.Reservation)
+    with transaction.atomic():  # the user's budget is spent, the configuration's is not
+        budgets.charge(
+            budgets.Charge(
+                configuration_id=config.pk,
+                initiator_id=user.pk,
+                cost=Decimal("1.2"),
+                reservation=first,
+            )
+        )
+    budgets.reserve(  # holds the rest of the configuration's budget
+        budgets.budgets_for(configuration=config, initiator_id=None), holder=holder("2.0")
+    )
+
+    began = time.monotonic()
+    refusal = budgets.reserve(applicable, holder=holder("0.5"))
+
+    assert isinstance(refusal, budgets.Exhausted) and time.monotonic() - began < 1
+    assert refusal.budget.scope == SpendScope.USER and refusal.spent
+
+
 # --- Holds that lapse, and the answers that come after all ------------------------------------
 
 
