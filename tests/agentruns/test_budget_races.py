@@ -458,6 +458,37 @@ def test_no_wait_when_another_budget_of_the_call_is_spent():
     assert refusal.budget.scope == SpendScope.USER and refusal.spent
 
 
+def test_a_run_cancelled_while_its_check_waits_ends_cancelled_holding_nothing():
+    """The wait keeps the lease alive (the ticker): a cancel fails its renewal, the wait ends at
+    once, and the run ends cancelled — not refused, no hold of its own left behind."""
+    from agentruns.services.runs import run_cancel
+
+    config = priced(daily_budget=Decimal("1"), max_tokens_per_call=10, timeout_seconds=300)
+    [budget] = budgets.budgets_for(configuration=config, initiator_id=None)
+    budgets.reserve([budget], holder=holder("1.5"))  # a call in flight elsewhere
+
+    def cancel_when_started() -> None:
+        deadline = time.monotonic() + 60
+        while not AgentRun.objects.filter(configuration=config).exists():
+            assert time.monotonic() < deadline, "the run never started"
+            time.sleep(0.05)
+        time.sleep(0.3)  # inside its check's wait
+        run_cancel(run_uuid=AgentRun.objects.get(configuration=config).uuid)
+
+    canceller, cancelled = in_thread(cancel_when_started)
+    with override_settings(AGENTRUNS={**settings.AGENTRUNS, "LEASE_SECONDS": 0.9}):
+        result = run_start_sync(configuration=config, prompt="go")
+    canceller.join(60)
+
+    assert "error" not in cancelled, cancelled
+    run = AgentRun.objects.get(pk=result.run.pk)
+    assert run.status == Status.CANCELLED
+    assert not AgentRunEvent.objects.filter(run=run, kind=EventKind.BUDGET).exists()
+    assert not AgentRunEvent.objects.filter(run=run, kind=EventKind.REQUEST).exists()
+    assert SpendHold.objects.get().amount == Decimal("1.5")  # only the other call's
+    assert ledger(SpendScope.CONFIGURATION, config.pk).reserved == Decimal("1.5")
+
+
 # --- Holds that lapse, and the answers that come after all ------------------------------------
 
 
