@@ -655,6 +655,55 @@ def test_a_segment_that_dies_inside_the_answers_write_leaves_neither_answer_nor_
     assert AgentRun.objects.get(pk=run.pk).cost == Decimal("0.7")
 
 
+def test_a_segment_that_dies_while_its_check_waits_has_recorded_its_last_step(probes, monkeypatch):
+    """The last tool call of a turn is recorded with the next request; a check that waits
+    writes it first. The process dies inside the wait: the call's event is kept, and the run,
+    continued, does not run the call again."""
+    config = priced(
+        daily_budget=Decimal("1"),
+        max_tokens_per_call=10,
+        tools=["probe_read"],
+        script=[
+            {
+                "tool_calls": [{"name": "probe_read", "arguments": {"value": "x"}}],
+                "usage": usage(1, 0),
+            },
+            {"content": "done", "usage": usage(1, 0)},
+        ],
+    )
+    [budget] = budgets.budgets_for(configuration=config, initiator_id=None)
+    # While the tool runs, another call takes a hold on the rest of the budget.
+    other: list[budgets.Reservation | budgets.Exhausted] = []
+    probes.during = lambda entry: other.append(budgets.reserve([budget], holder=holder("1.5")))
+    real_reserve_once, checks = budgets._reserve_once, []
+
+    def dies_in_the_wait(*args: Any) -> Any:
+        checks.append(args)
+        if len(checks) == 4:  # the run's, the other's, the run's refused; now its wait
+            raise ProcessDied()
+        return real_reserve_once(*args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(budgets, "_reserve_once", dies_in_the_wait)
+        with pytest.raises(ProcessDied):
+            run_start_sync(configuration=config, prompt="go")
+    run = AgentRun.objects.get(configuration=config)
+    assert len(probes.seen) == 1
+    assert AgentRunEvent.objects.filter(run=run, kind=EventKind.TOOL).count() == 1
+    assert AgentRunEvent.objects.filter(run=run, kind=EventKind.LLM).count() == 1
+
+    [held] = other
+    assert isinstance(held, budgets.Reservation)
+    budgets.release(held)  # the other call failed: the budget has room again
+    expire_lease(run)
+    assert reaper.reap_stale_runs().count(Verdict.REQUEUED) == 1
+    result = run_process_queued(run_uuid=run.uuid)
+
+    assert result is not None and result.run.status == Status.COMPLETED
+    assert len(probes.seen) == 1  # not run again
+    assert ledger(SpendScope.CONFIGURATION, config.pk).amount == Decimal("0.2")
+
+
 # --- What a call holds ------------------------------------------------------------------------
 
 
