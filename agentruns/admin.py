@@ -30,6 +30,8 @@ from agentruns.models import (
     McpServer,
     McpTransport,
     NotificationState,
+    SpendDay,
+    SpendHold,
 )
 from agentruns.services.mcp_sync import mcp_server_sync
 from agentruns.tools.mcp import read_only_by_operator
@@ -386,3 +388,56 @@ class NotificationStateAdmin(admin.ModelAdmin):
         self, request: HttpRequest, obj: NotificationState | None = None
     ) -> bool:
         return False
+
+
+class _ReadOnly(admin.ModelAdmin):
+    """A table written only by its own module: listed and shown, never added, changed or
+    deleted here."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        return False
+
+
+@admin.register(SpendDay)
+class SpendDayAdmin(_ReadOnly):
+    """Read-only: the spend ledger per UTC day, per configuration and per user (written only by
+    ``agentruns.budgets``). ``reserved`` is what the calls in flight hold."""
+
+    list_display = [
+        "day",
+        "scope",
+        "key",
+        "amount",
+        "reserved",
+        "calls",
+        "largest",
+        "unknown_usage_calls",
+        "lapsed_holds",
+        "overruns",
+    ]
+    list_filter = ["scope", "day"]
+    date_hierarchy = "day"
+
+
+@admin.register(SpendHold)
+class SpendHoldAdmin(_ReadOnly):
+    """Read-only: the budget holds of the model calls in flight (written only by
+    ``agentruns.budgets``). One past ``expires_at`` lapses at the reaper's next pass."""
+
+    list_display = [
+        "day",
+        "scope",
+        "key",
+        "amount",
+        "run_id",
+        "segment",
+        "created_at",
+        "expires_at",
+    ]
+    list_filter = ["scope"]

@@ -8,6 +8,7 @@ show), never as an error.
 
 from __future__ import annotations
 
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from agentruns.models import Effect, EventKind, Status, TerminationReason
@@ -137,17 +138,28 @@ def money(value: Any) -> str:
     return f"{value} {currency()}"
 
 
+def _positive(value: Any) -> bool:
+    """A decimal string above 0 (anything else, e.g. an older event without it, is not)."""
+    try:
+        return isinstance(value, str) and Decimal(value) > 0
+    except InvalidOperation:
+        return False
+
+
 def budget_text(payload: Any) -> str:
     """A ``budget`` event in words: "the configuration's daily budget is spent: 5.002500 of
-    5.000000 USD (2026-12-01, UTC); the model was not called"."""
+    5.000000 USD (2026-12-01, UTC); the model was not called" (and what calls in flight hold
+    of it, when they hold something)."""
     p = payload if isinstance(payload, dict) else {}
     whose = {"configuration": "the configuration's", "user": "the user's"}.get(
         str(p.get("budget")), "a"
     )
     day = f" ({p['day']}, UTC)" if p.get("day") else ""
+    reserved = p.get("reserved")
+    held = f", {reserved} more held by calls in flight" if _positive(reserved) else ""
     return (
         f"{whose} daily budget is spent: {p.get('spend', '?')} of {p.get('limit', '?')} "
-        f"{p.get('currency', '')}{day}; the model was not called"
+        f"{p.get('currency', '')}{held}{day}; the model was not called"
     )
 
 

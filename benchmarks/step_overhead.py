@@ -553,7 +553,8 @@ def main() -> None:
                 if args.priced or args.budget
                 else {}
             ),
-            **({"daily_budget": "99999999"} if args.budget else {}),
+            # A bound per call (docs/design.md §14): each call holds 128k tokens' worth.
+            **({"daily_budget": "99999999", "max_tokens_per_call": 128_000} if args.budget else {}),
         )
         approver = get_user_model().objects.create_superuser("bench", "bench@example.com", "x")
         print(f"database: {target.label}")

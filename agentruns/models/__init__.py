@@ -4,7 +4,7 @@
 - ``configuration``: ``AgentConfiguration``;
 - ``runs``: ``AgentRun`` and its append-only ``AgentRunEvent`` stream;
 - ``mcp``: ``McpServer``, a registered remote tool server;
-- ``bookkeeping``: ``Counter``, ``NotificationState`` and ``SpendDay``.
+- ``bookkeeping``: ``Counter``, ``NotificationState``, ``SpendDay`` and ``SpendHold``.
 
 Import from here (``from agentruns.models import AgentRun``): every name is re-exported.
 Status, lease and fence columns are written only by ``agentruns.transitions``; nothing else may
@@ -35,6 +35,7 @@ from agentruns.models.bookkeeping import (
     NotificationChannel,
     NotificationState,
     SpendDay,
+    SpendHold,
     SpendScope,
 )
 # isort: on
@@ -60,6 +61,7 @@ __all__ = [
     "Provider",
     "Segment",
     "SpendDay",
+    "SpendHold",
     "SpendScope",
     "Status",
     "TerminationReason",

@@ -1,6 +1,7 @@
 """Tables kept beside the runs, each written by one module through guarded statements:
 ``Counter`` (running totals for ``/metrics``), ``NotificationState`` (who was told what,
-``services.notifications``) and ``SpendDay`` (the daily spend ledger, ``agentruns.budgets``).
+``services.notifications``), ``SpendDay`` (the daily spend ledger) and ``SpendHold`` (the
+reservations of the model calls in flight; both ``agentruns.budgets``).
 """
 
 from __future__ import annotations
@@ -90,22 +91,31 @@ class SpendDay(models.Model):
     (``key`` = its id) and per initiator (``key`` = the user's id): the ledger the daily budgets
     are checked against and ``/metrics`` sums (``agentruns.budgets``; docs/design.md §14).
 
-    Written only by ``agentruns.budgets``, by ``INSERT … ON CONFLICT DO UPDATE`` that adds to
-    the stored values: a charge in the same transaction as the events that record the calls, a
-    reservation of ``largest`` before a call when a budget applies. ``key`` is a plain id, not a
-    foreign key, so a deleted user or configuration keeps its history.
+    Written only by ``agentruns.budgets``, by guarded statements that add to the stored values:
+    ``reserved`` rises when a call is admitted (the check's ``WHERE amount + reserved < limit``)
+    and falls when its hold (``SpendHold``) is settled, released or lapses, in the transaction
+    that deletes the hold; ``amount`` rises with a charge, in the same transaction as the events
+    that record the answer. ``key`` is a plain id, not a foreign key, so a deleted user or
+    configuration keeps its history.
     """
 
     day = models.DateField()
     scope = models.CharField(max_length=16, choices=SpendScope.choices)
     key = models.BigIntegerField()
+    # Charged: the answers' costs, plus the holds that lapsed unsettled (at what they held).
     amount = models.DecimalField(max_digits=20, decimal_places=6, default=Decimal("0"))
     calls = models.PositiveIntegerField(default=0)
-    # The largest single call charged today: what a reservation holds back while a call is in
-    # flight (budgets.reserve).
+    # The largest single call charged today: what a call of a configuration without
+    # ``max_tokens_per_call`` holds back while in flight (budgets.reserve).
     largest = models.DecimalField(max_digits=20, decimal_places=6, default=Decimal("0"))
     # Calls whose provider reported no token usage (charged 0).
     unknown_usage_calls = models.PositiveIntegerField(default=0)
+    # The sum of the live holds on this row (``SpendHold.amount``): calls admitted, not settled.
+    reserved = models.DecimalField(max_digits=20, decimal_places=6, default=Decimal("0"))
+    # Holds that lapsed before their segment settled them (charged at what they held).
+    lapsed_holds = models.PositiveIntegerField(default=0)
+    # Calls that cost more than their hold: the bound did not hold (or was only an estimate).
+    overruns = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -115,3 +125,38 @@ class SpendDay(models.Model):
 
     def __str__(self) -> str:
         return f"{self.day} {self.scope}={self.key}: {self.amount}"
+
+
+class SpendHold(models.Model):
+    """A reservation in flight: what one model call holds back on one budget row (``SpendDay``
+    of ``day``, ``scope``, ``key``) from its check until its answer is charged, its failure
+    released, or it lapses (``agentruns.budgets``; docs/design.md §14). A call's rows share its
+    ``token``.
+
+    Inserted by the check in the transaction that raises the row's ``reserved``; deleted (the
+    ``DELETE … RETURNING`` is the guard: exactly one of the settle, the release and the lapse
+    finds it) in the transaction that lowers it again. A hold past ``expires_at`` lapses (the
+    reaper): it is charged as spent at ``amount``, since its call may have been made by a
+    segment that died before recording it; should that segment answer after all, its charge
+    corrects the row by the difference. ``run_id`` is a plain id (the run may be purged).
+    """
+
+    token = models.CharField(max_length=32)
+    day = models.DateField()
+    scope = models.CharField(max_length=16, choices=SpendScope.choices)
+    key = models.BigIntegerField()
+    amount = models.DecimalField(max_digits=20, decimal_places=6)
+    run_id = models.BigIntegerField()
+    # The segment that made the call (its lease's ``claimed_by``).
+    segment = models.CharField(max_length=255)
+    created_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["token", "scope", "key"], name="spendhold_token_row")
+        ]
+        indexes = [models.Index(fields=["expires_at"], name="spendhold_expires")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.scope}={self.key}: {self.amount} held by run {self.run_id}"

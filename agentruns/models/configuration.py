@@ -1,5 +1,6 @@
 """``AgentConfiguration``: what an agent is (provider, model, prompt, tools, limits, approvers,
-deadline, prices and budget), edited in the admin and validated by its ``clean``.
+deadline, prices, budget and a call's token bound), edited in the admin and validated by its
+``clean``.
 """
 
 from __future__ import annotations
@@ -127,6 +128,16 @@ class AgentConfiguration(models.Model):
         help_text="Most this configuration's runs may spend per UTC day; empty: no budget. A run "
         "over it ends failed (budget exhausted) before its next model call.",
     )
+    max_tokens_per_call = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="The most tokens one model call can use, prompt and answer together: the "
+        "model's context window. With a budget, each call in flight holds this many tokens at "
+        "the higher price until its answer is charged, so runs racing for the last of a budget "
+        "overspend it by at most one call. Empty: a call holds the day's largest call (an "
+        "estimate, not a bound).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -139,7 +150,12 @@ class AgentConfiguration(models.Model):
                 & Q(daily_budget__gte=0),
                 name="agentconfiguration_cost_not_negative",
                 violation_error_message="Prices and budgets cannot be negative.",
-            )
+            ),
+            models.CheckConstraint(
+                condition=Q(max_tokens_per_call__gte=1),
+                name="agentconfiguration_max_tokens_per_call_positive",
+                violation_error_message="A call's token bound must be at least 1.",
+            ),
         ]
 
     def __str__(self) -> str:

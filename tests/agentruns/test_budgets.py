@@ -571,9 +571,18 @@ def test_cost_adds_no_statement_to_an_unpriced_round_and_one_ledger_write_to_a_p
     if postgresql:
         charge.update({"BEGIN": 1, "COMMIT": 1})
     assert added(_per_round(priced())) == charge
-    # With a budget: the check before the call is one more statement, nothing else.
-    checked = added(_per_round(priced(daily_budget=Decimal("100"))))
-    assert checked == {**charge, 'INSERT "agentruns_spendday"': 2}
+    # With a budget: the check before the call is one transaction of two statements (the
+    # guarded upsert of the ledger row, the hold's insert), and the answer's write deletes the
+    # hold; nothing else.
+    checked = added(_per_round(priced(daily_budget=Decimal("100"), max_tokens_per_call=2000)))
+    assert checked == {
+        **charge,
+        'INSERT "agentruns_spendday"': 2,
+        'INSERT "agentruns_spendhold"': 1,
+        "DELETE": 1,
+        "BEGIN": charge.get("BEGIN", 0) + 1,
+        "COMMIT": charge.get("COMMIT", 0) + 1,
+    }
 
 
 def test_the_timeline_and_the_trace_say_which_budget_stopped_the_run(client):

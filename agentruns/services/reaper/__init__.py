@@ -21,7 +21,8 @@ in doubt whose tool declares a check gets the check task once the batch commits 
 queued runs nobody claimed for ``REDISPATCH_SECONDS`` get a fresh wake-up, and in-doubt runs
 whose tool's check stalled (its task lost, or its worker died) get the check task again
 (``checks.redispatch_due``). Runs waiting for approval or input past their approval deadline
-are settled too (rule ``deadline``: denied or failed, ``services.deadlines``, §5.11).
+are settled too (rule ``deadline``: denied or failed, ``services.deadlines``, §5.11), and the
+budget holds past their expiry lapse (``budgets.lapse_holds``, §14).
 
 Owns no state of its own and never executes a run: it only settles or hands runs back.
 
@@ -33,12 +34,13 @@ report). Every name the single-file module had is importable from here.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Prefetch, prefetch_related_objects
 
-from agentruns import selectors
+from agentruns import budgets, selectors
 from agentruns.identity import reaper_identity
 from agentruns.metrics import record_reaper_pass
 from agentruns.models import AgentRun, AgentRunEvent
@@ -67,6 +69,8 @@ from agentruns.services.reaper.wakeups import (
     redispatch_unclaimed,
 )
 from agentruns.turns import PendingTurn as PendingTurn  # re-exported (tests)
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "BATCH_SIZE",
@@ -142,6 +146,16 @@ def _batch(
     return verdicts, cursor
 
 
+def _lapse_holds() -> int:
+    """The budget holds past their expiry, charged at what they held (``budgets.lapse_holds``).
+    A database error is logged: the pass has done its work on the runs."""
+    try:
+        return budgets.lapse_holds()
+    except DatabaseError:
+        logger.exception("could not lapse the expired budget holds")
+        return 0
+
+
 def reap_stale_runs(
     *,
     limit: int | None = None,
@@ -172,6 +186,8 @@ def reap_stale_runs(
         _deadline_verdict(outcome)
         for outcome in deadlines.expire_overdue(identity=identity, limit=limit, dry_run=dry_run)
     ]
+    if not dry_run:
+        report.holds_lapsed = _lapse_holds()
     if redispatch and not dry_run:
         report.redispatched = redispatch_unclaimed(identity=identity)
         report.checks_redispatched = checks.redispatch_due()

@@ -45,6 +45,8 @@ class ReaperReport:
     checks_redispatched: int = 0  # check tasks of in-doubt runs sent again (docs/design.md §9.2)
     # Runs that waited for approval or input past their deadline (docs/design.md §5.11).
     expired: list[RunVerdict] = field(default_factory=list)
+    # Budget holds past their expiry, charged at what they held (docs/design.md §14).
+    holds_lapsed: int = 0
 
     def count(self, verdict: str) -> int:
         return sum(1 for v in self.verdicts if v.verdict == verdict)
@@ -69,6 +71,8 @@ class ReaperReport:
             )
         if self.dry_run:
             return text + " (dry run: nothing changed)"
+        if self.holds_lapsed:
+            text += f"; {self.holds_lapsed} budget hold(s) lapsed"
         text += f"; redispatched {self.redispatched} unclaimed queued run(s)"
         if self.checks_redispatched:
             text += f", {self.checks_redispatched} lost check(s) of in-doubt runs"

@@ -164,14 +164,25 @@ class ProviderStep(Pauses):
         """The budget check before a provider call (``budgets.reserve``): ``None`` when no
         budget applies, the reservation when every budget admits the call, else the run is
         settled ``failed`` / ``budget_exhausted`` with a ``budget`` event and the model is not
-        called. A database error propagates (``StateWriteFailed``): no call without a check."""
+        called. Refused while calls in flight hold the rest of a budget, it waits for them under
+        the lease ticker, the deferred steps written first (a wait must not widen the gap in
+        which a crash loses them); a lease lost meanwhile ends the wait and is found by the next
+        write. A database error propagates (``StateWriteFailed``): no call without a check."""
         applicable = budgets.budgets_for(
             configuration=self.config, initiator_id=self.run.initiator_id
         )
         if not applicable:
             return None
+        holder = budgets.Holder.of(self.config, self.lease)
         try:
-            verdict = budgets.reserve(applicable)
+            verdict = budgets.reserve(applicable, holder=holder, waiting=lambda: False)
+            if isinstance(verdict, budgets.Exhausted) and not verdict.spent:
+                if stop := self._flush():
+                    return stop
+                with LeaseTicker(self.lease) as ticker:
+                    verdict = budgets.reserve(
+                        applicable, holder=holder, waiting=lambda: not ticker.lost
+                    )
         except DatabaseError as exc:
             raise StateWriteFailed("the budget check failed", transition="reserve") from exc
         if isinstance(verdict, budgets.Reservation):
