@@ -23,7 +23,10 @@ chain holds.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,7 +35,9 @@ import pytest
 from django.core.management import call_command
 from django.db import Error as DatabaseError
 from django.db import connection, connections
+from django.test import Client
 from django_q.conf import Conf
+from rest_framework.authtoken.models import Token
 
 from agentruns import audit
 from agentruns.exceptions import LeaseholdError
@@ -43,10 +48,11 @@ from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 from tests.support.private_servers import (
     PrivatePostgres,
     PrivateRedis,
+    free_port,
     private_postgres,  # noqa: F401  (fixture)
     private_redis,  # noqa: F401  (fixture)
 )
-from tests.support.processes import Processes, process_env
+from tests.support.processes import Processes, process_env, wait_until
 from tests.support.webhook_receiver import WebhookReceiver
 
 pytestmark = [
@@ -271,6 +277,68 @@ def test_a_postgresql_restart_mid_run_duplicates_nothing_and_every_run_completes
         f"\npostgresql -m {mode}: outages {[round(o, 1) for o in outages]} s, "
         f"{figures}, segments stopped by a refused write: {refused}"
     )
+
+
+# --- Requests while the database restarts ------------------------------------------------------
+
+
+def test_requests_while_the_database_is_down_answer_503_and_the_first_after_a_restart_succeeds(
+    on_chaos_postgres, processes: Processes
+):
+    """A real web process (``runserver``, one thread, persistent connections with health
+    checks) in front of the private cluster: while the database is down the API and the pages
+    answer 503 with ``Retry-After``; once it is back the next request succeeds — also the first
+    one after a restart nobody saw, whose persistent connection died with the server (without
+    ``DATABASE_CONN_HEALTH_CHECKS`` that request answers 503)."""
+    staff = UserFactory(is_staff=True, is_superuser=True)
+    token = Token.objects.create(user=staff).key
+    browser = Client()
+    browser.force_login(staff)
+    session = browser.cookies["sessionid"].value
+    port = free_port()
+    web = processes.manage(
+        "web",
+        "runserver",
+        "--noreload",
+        "--nothreading",
+        f"127.0.0.1:{port}",
+        env=process_env(DATABASE_CONN_MAX_AGE=60),
+    )
+
+    def get(path: str, **headers: str) -> tuple[int, str, str]:
+        """(status, Retry-After, body) of a GET; 0 when the server does not answer."""
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                body = response.read().decode()
+                return response.status, response.headers.get("Retry-After", ""), body
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers.get("Retry-After", ""), exc.read().decode()
+        except OSError:
+            return 0, "", ""
+
+    def api() -> tuple[int, str, str]:
+        return get("/api/runs/", Authorization=f"Token {token}")
+
+    def page() -> tuple[int, str, str]:
+        return get("/admin/approvals/", Cookie=f"sessionid={session}")
+
+    wait_until(lambda: api()[0] == 200, timeout=120, message="the web process", procs=[web])
+    assert page()[0] == 200
+
+    on_chaos_postgres.stop("immediate")
+    try:
+        down_api, down_page = api(), page()
+    finally:
+        on_chaos_postgres.start()
+
+    assert down_api[:2] == (503, "5"), down_api
+    assert json.loads(down_api[2])["code"] == "database_unavailable"
+    assert down_page[:2] == (503, "5"), down_page
+    assert "database is unavailable" in down_page[2]
+    assert (api()[0], page()[0]) == (200, 200)  # a new connection once it is back
+    on_chaos_postgres.restart("fast")  # nobody asks while it is down
+    assert (api()[0], page()[0]) == (200, 200)  # the dead persistent connection was replaced
 
 
 # --- The Redis broker restarted -------------------------------------------------------------------
