@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 from django.core.management import call_command
 from django.db import Error as DatabaseError
 from django.db import connection, connections
@@ -45,6 +46,7 @@ from agentruns.models import AgentRun, EventKind, Status
 from agentruns.services import reaper, runs
 from agentruns.services.reaper import Verdict
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
+from tests.agentruns.test_redis_broker import QUEUE_KEY
 from tests.support.private_servers import (
     PrivatePostgres,
     PrivateRedis,
@@ -200,7 +202,15 @@ class ChaosRun:
                 for e in events
             ),
             "reclaimed": self.verdicts[Verdict.REQUEUED],
-            "redispatched": self.redispatched,
+            # Runs the redispatch sent a fresh task (with a 3 s period, also runs that were
+            # only waiting for a free worker).
+            "runs redispatched": len(
+                {
+                    e.run_id
+                    for e in events
+                    if e.kind == EventKind.REAPER and e.payload.get("verdict") == "redispatched"
+                }
+            ),
             "seconds": round(time.monotonic() - self.started),
         }
 
@@ -272,10 +282,12 @@ def test_a_postgresql_restart_mid_run_duplicates_nothing_and_every_run_completes
         figures = chaos.assert_exactly_once()
     finally:
         receiver.stop()
-    refused = worker_logs(workers).count("state write failed")
+    logs = worker_logs(workers)
+    refused = logs.count("state write failed")
+    claims = logs.count("Failed 'agentruns.tasks.process_run'")
     print(
-        f"\npostgresql -m {mode}: outages {[round(o, 1) for o in outages]} s, "
-        f"{figures}, segments stopped by a refused write: {refused}"
+        f"\npostgresql -m {mode}: outages {[round(o, 1) for o in outages]} s, {figures}, "
+        f"segments stopped by a refused write: {refused}, claims refused: {claims}"
     )
 
 
@@ -372,15 +384,21 @@ def test_a_redis_broker_restart_loses_tasks_yet_every_run_completes_once(
             Q_TIMEOUT=12,
         )
         workers = [processes.qcluster(f"worker-{i}", env=env) for i in range(2)]
-        outages = run_chaos(
-            chaos,
-            restarts=2,
-            restart=lambda: private_redis_broker.restart(down_for=1.0),
-            ready_to_restart=lambda: True,
-        )
+        queue = redis.Redis.from_url(private_redis_broker.url)
+        lost: list[int] = []
+
+        def restart() -> float:
+            lost.append(queue.llen(QUEUE_KEY))  # the tasks the restart is about to lose
+            queue.close()
+            return private_redis_broker.restart(down_for=1.0)
+
+        outages = run_chaos(chaos, restarts=2, restart=restart, ready_to_restart=lambda: True)
         for worker in workers:
             assert worker.stop() == 0, worker.output()[-3000:]
         figures = chaos.assert_exactly_once()
     finally:
         receiver.stop()
-    print(f"\nredis restarted: outages {[round(o, 1) for o in outages]} s, {figures}")
+    print(
+        f"\nredis restarted: outages {[round(o, 1) for o in outages]} s, "
+        f"tasks lost with it {lost}, {figures}"
+    )
