@@ -33,6 +33,9 @@ DEFAULTS: dict[str, Any] = {
     "PREVIEW_TIMEOUT_SECONDS": 5,
     # Queued runs nobody claimed for this long get a fresh task from the reaper.
     "REDISPATCH_SECONDS": 120,
+    # A worker whose cluster is told to stop (SIGTERM) lets a read tool in flight run this long
+    # before interrupting it and handing the run back; writes and model calls always finish.
+    "STOP_GRACE_SECONDS": 5,
     # First retry delay; doubled on every retry (exponential backoff).
     "RETRY_BACKOFF_SECONDS": 2,
     # How many times in all a tool's automatic check asks whether an in-doubt write landed when

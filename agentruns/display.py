@@ -27,6 +27,7 @@ LEASE_ACTIONS = {
     "claimed_at_birth": "claimed when the run started",
     "claimed": "claimed by a worker",
     "requeued": "handed back to the queue for a retry",
+    "handed_back": "handed back to the queue: its worker was stopping",
     "abandoned": "abandoned: the client went away mid-stream",
 }
 REAPER_RULES = {
@@ -76,6 +77,7 @@ SEGMENT_OUTCOMES = {
     "failed": "failed",
     "cancelled": "cancelled",
     "requeued": "handed back to the queue",
+    "handed_back": "handed back to the queue: the worker was stopping",
     "lease_lost": "stopped: another segment holds the run",
     "queued": "handed to a worker",
 }

@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from agentruns.exceptions import LeaseholdError
+from config.errors import RETRY_AFTER_SECONDS, UNAVAILABLE, database_unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,10 @@ logger = logging.getLogger(__name__)
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, LeaseholdError):
         return Response(exc.as_dict(), status=exc.status)
+    if database_unavailable(exc):  # a restart: nothing was changed, try again
+        return Response(
+            dict(UNAVAILABLE), status=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
+        )
     if isinstance(exc, RequestDataTooBig):
         return Response(
             {

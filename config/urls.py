@@ -9,6 +9,9 @@ def healthz(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok", content_type="text/plain")
 
 
+# 503 while the database is unreachable (a restart), else Django's 500 (config/errors.py).
+handler500 = "config.errors.server_error"
+
 # "View site" in the admin's header goes to the developer pages.
 admin.site.site_url = "/playground/"
 

@@ -112,6 +112,21 @@ def wake_after_commit(run_uuid: str, *, delay_seconds: float = 0) -> None:
     transaction.on_commit(send)
 
 
+def wake_with_commit(run_uuid: str) -> None:
+    """A wake-up that commits with the current transaction. With the ORM broker the task row is
+    written in it: both commit or neither (a failed send raises and undoes the transaction's
+    change). With a broker outside the database it is sent once the transaction commits (sent
+    before, a worker could take it while the change is not visible yet); a failed send is then
+    logged and the redispatch covers it."""
+    from django_q.brokers import get_broker
+    from django_q.brokers.orm import ORM
+
+    if isinstance(get_broker(), ORM):
+        send_wakeup(run_uuid)
+    else:
+        wake_after_commit(run_uuid)
+
+
 def schedule_retry(run: AgentRun, delay_seconds: float) -> None:
     """The worker's retry hook: a delayed wake-up for a requeued run."""
     wake_after_commit(str(run.uuid), delay_seconds=delay_seconds)

@@ -35,6 +35,7 @@ from agentruns.providers.base import ProviderError
 from agentruns.providers.scripted import validate_script
 from agentruns.services import dispatch
 from agentruns.services._common import ClaimHook, User, run_id_of, user_id
+from agentruns.services.runtime import shutdown
 from agentruns.services.runtime.results import EventObserver, SegmentResult
 from agentruns.services.runtime.segment import continue_segment
 from agentruns.storable import json_problem, text_problem
@@ -187,8 +188,15 @@ def run_process_queued(*, run_uuid: UUID | str, reload_run: bool = True) -> Segm
 
     ``reload_run=False`` (the django-q2 task, which reports only the outcome) spares the read at
     the segment's end: the result's ``run`` is then the row as the claim left it. The segment
-    starts from the row, configuration and (on a first claim) events the claim handed back.
+    starts from the row, configuration and (on a first claim) events the claim handed back, and
+    hands the run back if the worker is told to stop meanwhile (docs/design.md §3.8).
+
+    A worker that is stopping claims nothing: it sends the task again for another worker (a
+    task its cluster had already fetched) and returns ``None``.
     """
+    if shutdown.requested():
+        dispatch.wake_after_commit(str(run_uuid))
+        return None
     claimed = transitions.run_claim_queued_row(
         run_uuid=run_uuid, identity=execution_identity(Segment.WORKER)
     )
@@ -197,6 +205,7 @@ def run_process_queued(*, run_uuid: UUID | str, reload_run: bool = True) -> Segm
     return continue_segment(
         claimed.lease,
         retry=dispatch.schedule_retry,
+        wake=dispatch.wake_with_commit,
         reload_run=reload_run,
         run=claimed.run,
         events=claimed.events,

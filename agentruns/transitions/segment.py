@@ -383,6 +383,37 @@ def run_requeue(
 
 
 @state_write
+def run_hand_back(
+    lease: Lease,
+    *,
+    loop_state: Mapping[str, Any],
+    events: Iterable[EventSpec] = (),
+    cost: Decimal | None = None,
+) -> bool:
+    """Hand a running run back to the queue because its worker is stopping (docs/design.md
+    §3.8): ``queued``, claim, lease and fence cleared, ``loop_state`` saved, ``events``
+    appended; the budget (``requeue_count``) is untouched — nothing failed.
+
+    Written at a safe point only: between steps, where a fence still stamped belongs to a write
+    that finished and whose ``tool`` event is among ``events`` (its deferred clear), never while
+    a write is in flight. Guard: owner. ``False``: the lease is lost (or the run cancelled).
+    """
+    return segment_write(
+        lease,
+        {
+            "status": Status.QUEUED,
+            "claimed_by": "",
+            "lease_expires": None,
+            "pending_effect": "",
+            "pending_call": None,
+            **_cost(cost),
+        },
+        events,
+        loop_state=loop_state,
+    )
+
+
+@state_write
 def run_notice_cancel(
     lease: Lease, *, events: Iterable[EventSpec] = (), cost: Decimal | None = None
 ) -> bool:

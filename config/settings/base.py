@@ -102,6 +102,7 @@ def database_from_env(default_sqlite: Path) -> dj_database_url.DBConfig:
     config = dj_database_url.config(
         default=f"sqlite:///{default_sqlite}",
         conn_max_age=int(os.environ.get("DATABASE_CONN_MAX_AGE", "0")),
+        conn_health_checks=env_bool("DATABASE_CONN_HEALTH_CHECKS", True),
     )
     if config["ENGINE"] == "django.db.backends.sqlite3":
         config.setdefault("OPTIONS", {}).update(SQLITE_OPTIONS)

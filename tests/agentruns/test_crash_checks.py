@@ -43,8 +43,14 @@ def key_of(run: AgentRun) -> str:
 
 
 def someone_waits_on_a_lock() -> bool:
+    """Someone on the test's own database waits for a lock (``pg_locks`` covers the whole
+    cluster, which other test runs may share)."""
     with psycopg.connect(database_url(), autocommit=True) as probe:
-        return probe.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()[0] > 0
+        waiting = probe.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE NOT l.granted AND a.datname = current_database()"
+        ).fetchone()
+        return waiting[0] > 0
 
 
 def hold_the_key(key: str) -> psycopg.Connection:

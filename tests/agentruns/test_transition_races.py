@@ -25,6 +25,7 @@ from agentruns.transitions import (
     run_claim_queued,
     run_clear_fence,
     run_decide,
+    run_hand_back,
     run_heartbeat,
     run_mark_in_doubt,
     run_reclaim_stale,
@@ -332,6 +333,7 @@ def test_a_zombie_racing_the_new_holder_writes_nothing(round_):
             loop_state={"by": "zombie"},
         ),
         lambda: run_requeue(old, error={"by": "zombie"}),
+        lambda: run_hand_back(old, loop_state={"by": "zombie"}),
         lambda: run_settle(
             run_id=old.run_id, lease=old, status=Status.COMPLETED, reason="completed"
         ),

@@ -1,5 +1,6 @@
-"""A segment's own writes (docs/design.md §2.3): heartbeat, fence, suspend, requeue — and every one
-of them, made with a lost lease or by a zombie whose run was reclaimed, matching nothing.
+"""A segment's own writes (docs/design.md §2.3): heartbeat, fence, suspend, requeue, hand-back —
+and every one of them, made with a lost lease or by a zombie whose run was reclaimed, matching
+nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from agentruns.transitions import (
     run_cancel,
     run_claim_queued,
     run_clear_fence,
+    run_hand_back,
     run_heartbeat,
     run_reclaim_stale,
     run_requeue,
@@ -115,6 +117,9 @@ def _segment_writes() -> dict[str, Any]:
         ),
         "requeue": lambda lease: run_requeue(
             lease, error={"type": "Zombie"}, events=[EventSpec(EventKind.LLM)]
+        ),
+        "hand_back": lambda lease: run_hand_back(
+            lease, loop_state={"zombie": True}, events=[EventSpec(EventKind.LEASE)]
         ),
         "settle": lambda lease: run_settle(
             run_id=lease.run_id,
@@ -269,6 +274,31 @@ def test_requeue_hands_the_run_back_with_budget_plus_one_and_clears_claim_and_fe
     )
     assert run.error == {"type": "RateLimited"}
     assert run.lease_epoch == 1
+
+
+def test_hand_back_queues_the_run_without_spending_budget_and_clears_claim_and_fence():
+    lease = start()
+    assert run_stamp_fence(lease, effect=Effect.NON_IDEMPOTENT_WRITE, call=CALL)
+    done = EventSpec(EventKind.TOOL, {"name": "t", "outcome": "executed"})
+    back = EventSpec(EventKind.LEASE, {"action": "handed_back", "at": "round"})
+
+    assert run_hand_back(lease, loop_state={"iteration": 1}, events=[done, back])
+
+    run = AgentRun.objects.get(pk=lease.run_id)
+    assert (run.status, run.requeue_count, run.lease_epoch) == (Status.QUEUED, 0, 1)
+    assert (run.claimed_by, run.lease_expires, run.pending_effect, run.pending_call) == (
+        "",
+        None,
+        "",
+        None,
+    )
+    assert run.loop_state == {"iteration": 1}
+    assert [kind for _, kind, _, _ in events(lease.run_id)][-2:] == [
+        EventKind.TOOL,
+        EventKind.LEASE,
+    ]
+    again = run_claim_queued(run_id=run.pk, identity=WORKER)
+    assert again is not None and again.epoch == 2
 
 
 # --- the zombie ----------------------------------------------------------------------------------

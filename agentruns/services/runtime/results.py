@@ -17,6 +17,9 @@ from agentruns.models import AgentRun
 EventObserver = Callable[[EventSpec], None]
 #: Schedules a delayed wake-up of a run requeued after a retryable failure (workers only).
 RetryScheduler = Callable[[AgentRun, float], None]
+#: Sends a fresh wake-up for a run handed back by a stopping worker, as part of the transaction
+#: that hands it back where the broker allows (workers only: ``dispatch.wake_with_commit``).
+Waker = Callable[[str], None]
 
 
 class Outcome:
@@ -30,6 +33,8 @@ class Outcome:
     FAILED = "failed"
     CANCELLED = "cancelled"
     REQUEUED = "requeued"
+    # The worker was told to stop: the run went back to the queue at a safe point.
+    HANDED_BACK = "handed_back"
     LEASE_LOST = "lease_lost"
     # Not a segment's outcome: a decision was recorded and handed to a worker.
     QUEUED = "queued"

@@ -34,6 +34,7 @@ from agentruns.models import (
     Status,
     TerminationReason,
 )
+from agentruns.services.runtime import shutdown
 from agentruns.services.runtime.decisions import apply_decision
 from agentruns.services.runtime.failures import (
     settle_internal_error,
@@ -45,6 +46,7 @@ from agentruns.services.runtime.results import (
     RetryScheduler,
     SegmentResult,
     Stop,
+    Waker,
 )
 from agentruns.services.runtime.tool_step import (
     ToolGate,
@@ -75,7 +77,9 @@ class RunSegment(ProviderStep):
     own modules.
 
     ``retry`` (workers only) schedules a delayed wake-up after a retryable failure was requeued;
-    without it failures settle the run. ``observer`` sees every event once its boundary committed.
+    without it failures settle the run. ``wake`` (workers only) sends the wake-up of a run
+    handed back because the worker is stopping (``shutdown``); without it a segment never hands
+    back. ``observer`` sees every event once its boundary committed.
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class RunSegment(ProviderStep):
         lease: Lease,
         *,
         retry: RetryScheduler | None = None,
+        wake: Waker | None = None,
         observer: EventObserver | None = None,
         run: AgentRun | None = None,
         events: list[AgentRunEvent] | None = None,
@@ -92,6 +97,7 @@ class RunSegment(ProviderStep):
         # otherwise ``_start`` reads them.
         self._replay = events
         self.retry = retry
+        self.wake = wake
         self.observer = observer
         # ``run``: the row as a decision just locked and wrote it, with its configuration (read
         # with it); otherwise read here.
@@ -294,6 +300,48 @@ class RunSegment(ProviderStep):
                 logger.exception("run %s: could not charge a lost answer", self.lease.uuid)
         return Stop(Outcome.CANCELLED if noticed else Outcome.LEASE_LOST, dict(detail))
 
+    # -- handing back (a stopping worker, docs/design.md §3.8) --
+
+    def _stopping(self) -> bool:
+        """The worker was told to stop, and this segment can hand its run back."""
+        return self.wake is not None and shutdown.requested()
+
+    def _hand_back(self, *, at: str) -> Stop:
+        """Hand the run back to the queue at a safe point — between steps, never while a write
+        is in flight — with the steps not written yet (a deferred last call, its fence's clear)
+        and a ``lease`` event ``handed_back``, and its fresh wake-up: one transaction
+        (``wake``: with the ORM broker the task row is part of it; another broker sends after
+        the commit). The lease is released at once: nobody waits for it to expire, and the
+        retry budget is untouched. Should the process die before the commit, nothing of it
+        happened: the lease runs out and the reaper decides as for any dead segment (a write
+        whose clear was deferred is then in doubt)."""
+        deferred, self._deferred = self._deferred, []
+        self._deferred_clear = False
+        written = [*deferred, EventSpec(EventKind.LEASE, {"action": "handed_back", "at": at})]
+        cost = self.state.usage.cost if self._charge is not None else None
+        loop_state = self.state.to_json()
+        wake = self.wake
+        assert wake is not None  # ``_stopping`` is checked first
+
+        def write() -> bool:
+            with transaction.atomic():
+                if not transitions.run_hand_back(
+                    self.lease, loop_state=loop_state, events=written, cost=cost
+                ):
+                    return False
+                try:
+                    wake(str(self.lease.uuid))
+                except DatabaseError as exc:  # the task row: rolls the hand-back back with it
+                    raise StateWriteFailed("the wake-up of a handed-back run failed") from exc
+            return True
+
+        if not self._charged(write):
+            return self._lost(completed=deferred)
+        if self.observer is not None:
+            for spec in written:
+                self.observer(spec)
+        return Stop.of(Outcome.HANDED_BACK, at=at)
+
     # -- the loop --
 
     def _loop(self) -> Stop:
@@ -310,6 +358,8 @@ class RunSegment(ProviderStep):
             # its settle became one write): settle from it, never ask the model again.
             return self._settle_completed(recorded, None, truncated=self.state.iteration >= cap)
         while True:
+            if self._stopping():
+                return self._hand_back(at="round")
             if self.state.turn is not None:
                 if stop := self._run_turn(self.state.turn):
                     return stop
@@ -352,6 +402,8 @@ class RunSegment(ProviderStep):
             last_of_turn = index == len(turn.calls) - 1
             if call.id in turn.done:
                 continue
+            if index > 0 and self._stopping():  # the first call: checked before the turn
+                return self._hand_back(at="call")
             tool = self.gate.available(call.name)
             needs_approval = tool is None or tool.needs_approval
             if turn.approved is False:  # denied: nothing of the turn executes
@@ -417,6 +469,8 @@ class RunSegment(ProviderStep):
             # over them, are checked again).
             checked=accepted is not None and accepted[0] is tool and accepted[1] is arguments,
         )
+        if step.interrupted:  # a read cut off because the worker is stopping: it runs again
+            return self._hand_back(at="read")
         if step.result is None:  # the fence stamp matched no row: the write did not start
             return self._lost(at="fence")
         result = step.result
@@ -455,15 +509,16 @@ def continue_segment(
     lease: Lease,
     *,
     retry: RetryScheduler | None = None,
+    wake: Waker | None = None,
     observer: EventObserver | None = None,
     reload_run: bool = True,
     run: AgentRun | None = None,
     events: list[AgentRunEvent] | None = None,
 ) -> SegmentResult:
-    """Run ``lease``'s run from its last step boundary until it pauses, ends or is lost.
-    ``reload_run=False``: see ``RunSegment.execute``. ``run``: the row, with its configuration,
-    as the transition that made ``lease`` wrote it (``Decided.run``, ``Claimed.run``), instead
-    of reading it again; ``events``: all of the run's events, when that transition knows them
-    (``Claimed.events``)."""
-    segment = RunSegment(lease, retry=retry, observer=observer, run=run, events=events)
+    """Run ``lease``'s run from its last step boundary until it pauses, ends, is handed back
+    (``wake``: a worker's segment) or is lost. ``reload_run=False``: see
+    ``RunSegment.execute``. ``run``: the row, with its configuration, as the transition that
+    made ``lease`` wrote it (``Decided.run``, ``Claimed.run``), instead of reading it again;
+    ``events``: all of the run's events, when that transition knows them (``Claimed.events``)."""
+    segment = RunSegment(lease, retry=retry, wake=wake, observer=observer, run=run, events=events)
     return segment.execute(reload_run=reload_run)

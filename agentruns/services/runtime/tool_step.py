@@ -19,6 +19,7 @@ from agentruns import conf, transitions
 from agentruns.exceptions import WriteWithoutDurableExecution
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import WRITE_EFFECTS, AgentConfiguration, Effect, EventKind
+from agentruns.services.runtime import shutdown
 from agentruns.services.runtime.ticker import LeaseTicker
 from agentruns.services.runtime.transcript import DENIED_MESSAGE, EXPIRED_MESSAGE
 from agentruns.tools import Tool, ToolContext, ToolResult, invoke_tool, registry
@@ -135,12 +136,15 @@ def before_tool(
 @dataclass(frozen=True)
 class ToolStep:
     """What one call came to. ``result`` is ``None`` when the fence stamp matched no row (the
-    tool did not run); ``lease_lost`` when that happened or the ticker's renewal failed while the
-    tool ran (it ran: its result must be recorded if the run was cancelled)."""
+    tool did not run) or when the read was interrupted because the worker is stopping
+    (``interrupted``: it changed nothing, and runs again in the next segment); ``lease_lost``
+    when the stamp matched no row or the ticker's renewal failed while the tool ran (it ran: its
+    result must be recorded if the run was cancelled)."""
 
     result: ToolResult | None
     duration_ms: int = 0
     lease_lost: bool = False
+    interrupted: bool = False
 
     @property
     def ran(self) -> bool:
@@ -181,6 +185,15 @@ def execute_tool_call(
         result = ToolResult(ok=False, content=None, error=f"unknown tool {name!r}")
     elif lease is None:
         result = invoke_tool(tool, arguments, context, checked=checked)
+    elif effect == Effect.READ:
+        # A read may be cut off by a stopping worker (``shutdown``); a write never is.
+        with LeaseTicker(lease) as ticker:
+            try:
+                with shutdown.interruptible():
+                    result = invoke_tool(tool, arguments, context, checked=checked)
+            except shutdown.StopRequested:
+                return ToolStep(None, int((time.monotonic() - started) * 1000), interrupted=True)
+        lost = ticker.lost
     else:
         with LeaseTicker(lease) as ticker:
             result = invoke_tool(tool, arguments, context, checked=checked)
