@@ -51,7 +51,12 @@ def test_a_scripted_delay_longer_than_the_tool_timeout_is_refused():
 @pytest.fixture
 def api(db) -> APIClient:
     client = APIClient()
-    client.force_authenticate(UserFactory(is_staff=True, permissions=["agentruns.decide_agentrun"]))
+    client.force_authenticate(
+        UserFactory(
+            is_staff=True,
+            permissions=["agentruns.decide_agentrun", "agentruns.start_agentrun"],
+        )
+    )
     AgentConfigurationFactory(slug="hello", script=[{"content": "hi"}])
     return client
 
