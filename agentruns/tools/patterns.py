@@ -17,12 +17,21 @@ more is refused like one that does not compile.
 jsonschema's ``unevaluatedProperties`` matches ``patternProperties`` with ``re``, so a schema
 using both is refused; nothing else of jsonschema runs a schema's expression. Pure functions:
 no database, no settings.
+
+RE2's time is linear in the text, but a schema can apply many expressions to the same text
+(``allOf`` of copies, ``patternProperties`` against every key). Inside ``scan_budget(n)`` the
+characters every search reads are counted, and a check that would read more than ``n`` stops
+with ``ScanBudgetExceeded``: deterministic (it depends on the schema and the value, never on the
+clock).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import re2
@@ -51,6 +60,42 @@ _NAMED_SUBSCHEMAS = frozenset(
 
 class PatternRefused(ValueError):
     """A schema's regular expression that RE2 cannot run (the message says why)."""
+
+
+class ScanBudgetExceeded(ValueError):
+    """A check would read more characters with the schema's expressions than its budget."""
+
+
+@dataclass
+class _Budget:
+    limit: int
+    spent: int = 0
+
+
+_BUDGET: ContextVar[_Budget | None] = ContextVar("pattern_scan_budget", default=None)
+
+
+@contextlib.contextmanager
+def scan_budget(limit: int) -> Iterator[None]:
+    """Within the block, the searches of this thread may read at most ``limit`` characters in
+    all; the search that would pass it raises ``ScanBudgetExceeded`` instead of running."""
+    token = _BUDGET.set(_Budget(limit))
+    try:
+        yield
+    finally:
+        _BUDGET.reset(token)
+
+
+def _search(regexp: re2._Regexp[str], text: str) -> bool:
+    budget = _BUDGET.get()
+    if budget is not None:
+        budget.spent += len(text)
+        if budget.spent > budget.limit:
+            raise ScanBudgetExceeded(
+                f"checking the value would read more than {budget.limit} characters with the "
+                "schema's patterns"
+            )
+    return regexp.search(text) is not None
 
 
 def _options() -> re2.Options:
@@ -196,7 +241,7 @@ def _value(text: str) -> str:
 
 
 def _pattern(validator: Any, pattern: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
-    if validator.is_type(instance, "string") and not compile_pattern(pattern).search(instance):
+    if validator.is_type(instance, "string") and not _search(compile_pattern(pattern), instance):
         yield ValidationError(f"{_value(instance)} does not match {pattern!r}")
 
 
@@ -208,7 +253,7 @@ def _pattern_properties(
     for pattern, subschema in patterns.items():
         regexp = compile_pattern(pattern)
         for key, value in instance.items():
-            if regexp.search(key):
+            if _search(regexp, key):
                 yield from validator.descend(value, subschema, path=key, schema_path=pattern)
 
 
@@ -219,7 +264,7 @@ def _extras(instance: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]
     return [
         key
         for key in instance
-        if key not in properties and not any(regexp.search(key) for regexp in regexps)
+        if key not in properties and not any(_search(regexp, key) for regexp in regexps)
     ]
 
 

@@ -12,10 +12,10 @@ registry that retrieves nothing, so no schema ever makes Leasehold fetch a URL (
 default downloads a remote reference, with no timeout and no allowlist).
 
 A check is bounded: a schema's regular expressions run on RE2 (``agentruns.tools.patterns``:
-linear in what they read; a pattern RE2 cannot compile makes the schema unusable), a value larger
-than ``AGENTRUNS_MAX_ARGUMENT_CHARS`` characters of JSON or nested deeper than
-``MAX_ARGUMENT_DEPTH`` is refused unchecked (one error at the root says so), and a schema that
-recurses without end is unusable rather than a crash.
+linear in what they read, within a budget of characters read per check; a pattern RE2 cannot
+compile makes the schema unusable), a value larger than ``AGENTRUNS_MAX_ARGUMENT_CHARS``
+characters of JSON or nested deeper than ``MAX_ARGUMENT_DEPTH`` is refused unchecked (one error
+at the root says so), and a schema that recurses without end is unusable rather than a crash.
 
 A path is the list of keys leading from the validated object to the value that failed: strings
 for object properties, integers for array items (``("tags", 2)``: item 2 of ``tags``); the empty
@@ -39,8 +39,10 @@ from referencing.exceptions import Unresolvable
 from agentruns import conf
 from agentruns.tools.patterns import (
     PatternRefused,
+    ScanBudgetExceeded,
     bounded_validator,
     format_checker,
+    scan_budget,
     schema_problem,
 )
 
@@ -51,6 +53,10 @@ MAX_MESSAGE_CHARS = 300
 # The deepest nesting (objects and arrays) of a value checked against a schema: jsonschema
 # descends recursively, and a deeper value would exhaust Python's stack.
 MAX_ARGUMENT_DEPTH = 64
+# One check's patterns may read at most this many times AGENTRUNS_MAX_ARGUMENT_CHARS characters
+# in all (``patterns.scan_budget``): a value read once or a few times is never near it, a schema
+# applying dozens of expressions to the same text is stopped.
+SCAN_BUDGET_FACTOR = 8
 
 PathPart = str | int
 
@@ -260,7 +266,9 @@ def schema_errors(schema: Mapping[str, Any], instance: Any) -> list[SchemaError]
     ``"... and N more"``, says how many were left out.
 
     Bounded: an instance over ``AGENTRUNS_MAX_ARGUMENT_CHARS`` characters of JSON or nested
-    deeper than ``MAX_ARGUMENT_DEPTH`` is not checked; the one error, at the root, says so.
+    deeper than ``MAX_ARGUMENT_DEPTH``, or whose check would read more than
+    ``SCAN_BUDGET_FACTOR`` times that many characters with the schema's patterns, is not checked
+    (refused); the one error, at the root, says so.
 
     Nothing is retrieved: a reference the schema does not itself contain, a ``pattern`` RE2
     cannot compile or a reference that recurses without end raises ``InvalidSchema`` (the
@@ -271,14 +279,18 @@ def schema_errors(schema: Mapping[str, Any], instance: Any) -> list[SchemaError]
     if too_big is not None:
         return [SchemaError((), too_big)]
     validator = _validator(schema)
+    budget = SCAN_BUDGET_FACTOR * int(conf.get("MAX_ARGUMENT_CHARS"))
     try:
-        found = sorted(
-            (
-                SchemaError(tuple(e.absolute_path), _short(e.message))
-                for e in validator.iter_errors(instance)
-            ),
-            key=_order,
-        )
+        with scan_budget(budget):
+            found = sorted(
+                (
+                    SchemaError(tuple(e.absolute_path), _short(e.message))
+                    for e in validator.iter_errors(instance)
+                ),
+                key=_order,
+            )
+    except ScanBudgetExceeded as exc:
+        return [SchemaError((), f"{exc}; it was not checked")]
     except Unresolvable as exc:
         raise InvalidSchema(
             f"the schema has a reference that does not resolve: {_short(str(exc))}"

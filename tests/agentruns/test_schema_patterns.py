@@ -296,6 +296,35 @@ def test_arguments_over_the_size_bound_are_refused_unchecked():
     assert len(schema_errors(schema, {"text": "a" * (default + 1)})) == 1
 
 
+def test_a_schema_that_reads_the_same_text_many_times_is_stopped_by_the_scan_budget():
+    """Each search is linear, but ``allOf`` of copies multiplies them: one check's patterns read
+    at most SCAN_BUDGET_FACTOR x MAX_ARGUMENT_CHARS characters, whatever the schema."""
+    copies = {
+        "type": "object",
+        "properties": {"text": {"allOf": [{"pattern": f"^a+(x{i})?$"} for i in range(40)]}},
+    }
+    check_schema(copies, what="s")
+    with override_settings(AGENTRUNS={**settings.AGENTRUNS, "MAX_ARGUMENT_CHARS": 1000}):
+        assert schema_errors(copies, {"text": "a" * 190}) == []  # 40 x 190 < 8 x 1000
+        [error] = schema_errors(copies, {"text": "a" * 210})  # 40 x 210 > 8000
+        assert error.path == ()
+        assert error.message == (
+            "checking the value would read more than 8000 characters with the schema's "
+            "patterns; it was not checked"
+        )
+        # Keys count too: patternProperties, then additionalProperties, read every key.
+        keyed = {
+            "type": "object",
+            "patternProperties": {f"^k{i}_": {} for i in range(30)},
+            "additionalProperties": False,
+        }
+        assert schema_errors(keyed, {"k1_x": 1}) == []
+        assert (
+            "would read more than"
+            in schema_errors(keyed, {f"k{i}": 1 for i in range(60)})[0].message
+        )
+
+
 def test_arguments_nested_too_deeply_are_refused_unchecked():
     loose = {"type": "object"}
     nested: Any = "x"
