@@ -1,5 +1,10 @@
 """Who may decide a pending turn (docs/design.md §5.6, §12.1): the authority a decision needs,
-computed from the calls of the turn a human decides on, in one function for every interface.
+computed from the calls of the turn a human decides on, in one function for every interface;
+and who may start a run through Leasehold's own interfaces.
+
+* **Start** a run through the API or the playground needs ``agentruns.start_agentrun``
+  (``start_authority``). Code that calls ``run_start_sync`` / ``run_enqueue`` itself decides who
+  may start: the initiator it passes is recorded, not checked.
 
 * **Deny**, **input** and **abandon** need ``agentruns.decide_agentrun``.
 * **Approve** a turn, and say whether an in-doubt call **landed** or **not landed**, need
@@ -32,6 +37,7 @@ User = AbstractBaseUser | AnonymousUser
 DECIDE_PERMISSION = "agentruns.decide_agentrun"
 VIEW_ALL_PERMISSION = "agentruns.view_all_agentruns"
 CANCEL_PERMISSION = "agentruns.cancel_agentrun"
+START_PERMISSION = "agentruns.start_agentrun"
 
 # How a refusal names the act, by the kind of pending turn.
 _ACTS = {APPROVAL: "approving", RECONCILIATION: "reconciling"}
@@ -124,6 +130,18 @@ def deciding_authority(user: User | Decider | None) -> Authority:
         permissions=(DECIDE_PERMISSION,),
         missing=() if may_decide else (f"deciding needs {DECIDE_PERMISSION}",),
         may_decide=may_decide,
+    )
+
+
+def start_authority(user: User | Decider | None) -> Authority:
+    """What starting a run through the API or the playground needs:
+    ``agentruns.start_agentrun``."""
+    decider = _decider(user)
+    may_start = decider.has_perm(START_PERMISSION)
+    return Authority(
+        permissions=(START_PERMISSION,),
+        missing=() if may_start else (f"starting a run needs {START_PERMISSION}",),
+        may_decide=decider.has_perm(DECIDE_PERMISSION),
     )
 
 

@@ -29,6 +29,10 @@ DEFAULTS: dict[str, Any] = {
     "TOOL_TIMEOUT_SECONDS": 30,
     # Longest prompt a run accepts (characters); longer ones are refused before anything runs.
     "MAX_PROMPT_CHARS": 200_000,
+    # Largest tool arguments (or human input values) checked against a schema, in characters of
+    # JSON; larger ones are refused unchecked (the model or the person is told), so a check's
+    # time stays bounded.
+    "MAX_ARGUMENT_CHARS": 131_072,
     # Time a tool's preview may take when a turn suspends for approval (or is re-checked).
     "PREVIEW_TIMEOUT_SECONDS": 5,
     # Queued runs nobody claimed for this long get a fresh task from the reaper.

@@ -18,9 +18,10 @@ of the events:
 * ``leasehold_cost_total{configuration,currency}``: what each configuration's model calls cost,
   summed over the spend ledger's daily rows (``SpendDay``: one per configuration and UTC day).
 
-Readable by a staff session, or by a scraper with ``Authorization: Bearer <METRICS_TOKEN>``
-(``AGENTRUNS_METRICS_TOKEN``; empty = no token accepted). Anything else: 401 without
-credentials, 403 with wrong ones.
+Readable by a staff session that may see every run (``selectors.sees_every_run``: the
+dashboard's rule, since both count every run), or by a scraper with ``Authorization: Bearer
+<METRICS_TOKEN>`` (``AGENTRUNS_METRICS_TOKEN``; empty = no token accepted). Anything else: 401
+without credentials, 403 with wrong ones or without the permission.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from agentruns import budgets, conf
+from agentruns import budgets, conf, selectors
 from agentruns.models import AgentConfiguration, AgentRun, Counter, SpendDay, SpendScope, Status
 
 if TYPE_CHECKING:
@@ -269,7 +270,9 @@ def _allowed(request: HttpRequest) -> int | None:
     user = request.user
     if not user.is_authenticated:
         return 401
-    return None if user.is_active and user.is_staff else 403
+    if not (user.is_active and user.is_staff and selectors.sees_every_run(user)):
+        return 403
+    return None
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

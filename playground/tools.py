@@ -18,7 +18,13 @@ from django.utils import timezone
 
 from agentruns import conf
 from agentruns.models import Effect
-from agentruns.outbound import WebhookRefused, connection_for, webhook_target
+from agentruns.outbound import (
+    Target,
+    WebhookRefused,
+    connection_for,
+    resolve_target,
+    webhook_target,
+)
 from agentruns.tools import CheckAnswer, CheckContext, OutcomeUnknown, Tool, ToolContext, tool
 from agentruns.turns import Change, Preview
 from playground.models import Note
@@ -84,7 +90,8 @@ def preview_create_note(context: ToolContext, arguments: dict[str, Any]) -> Prev
 
 
 def preview_call_webhook(context: ToolContext, arguments: dict[str, Any]) -> Preview:
-    """Where the request goes and what it carries; refused URLs say so (nothing would be sent)."""
+    """Where the request goes and what it carries; URLs refused by name say so (nothing would be
+    sent). The name is resolved and its addresses checked when the call runs, not here."""
     url = str(arguments.get("url"))
     parts = urlsplit(url)
     body = json.dumps(arguments.get("payload"))
@@ -214,8 +221,20 @@ def create_note(context: ToolContext, arguments: dict[str, Any]) -> dict[str, An
     return _note_as_dict(note)
 
 
-def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
-    return connection_for(url, timeout)
+def _connection(target: Target, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    return connection_for(target, timeout)
+
+
+def _target(url: str) -> Target:
+    """``url``'s checked target (``agentruns.outbound.resolve_target``: the allowlist, by name
+    and by the addresses the name resolves to now). ``WebhookRefused`` as it is; a name that
+    does not resolve is a ``ConnectionError``: nothing was sent."""
+    try:
+        return resolve_target(url, list(conf.get("WEBHOOK_ALLOWLIST")))
+    except WebhookRefused:
+        raise
+    except OSError as exc:
+        raise ConnectionError(f"could not resolve the host, nothing was sent: {exc}") from exc
 
 
 def check_call_webhook(context: CheckContext, arguments: dict[str, Any]) -> CheckAnswer:
@@ -225,10 +244,10 @@ def check_call_webhook(context: CheckContext, arguments: dict[str, Any]) -> Chec
     unknown (a person decides)."""
     url = str(arguments.get("url"))
     try:
-        webhook_target(url, list(conf.get("WEBHOOK_ALLOWLIST")))
-    except WebhookRefused as refused:
+        target = _target(url)
+    except (WebhookRefused, ConnectionError) as refused:
         return CheckAnswer.unknown(f"not asked: {refused}")
-    connection, path = _connection(url, context.timeout_seconds)
+    connection, path = _connection(target, context.timeout_seconds)
     query = urlencode({"idempotency_key": context.idempotency_key})
     path += ("&" if "?" in path else "?") + query
     try:
@@ -291,14 +310,14 @@ def check_call_webhook(context: CheckContext, arguments: dict[str, Any]) -> Chec
     check=check_call_webhook,
 )
 def call_webhook(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
-    """Non-idempotent write. Checks the URL against ``WEBHOOK_ALLOWLIST`` (read now) before any
-    connection; sends ``Idempotency-Key`` and ``X-Fencing-Token``; times out after
-    ``context.timeout_seconds``. An HTTP status (errors included) is a result. A failure to
-    connect is a failure (nothing was sent); a timeout or a lost connection once the request
-    may have been sent raises ``OutcomeUnknown``: the run waits for reconciliation."""
-    url = arguments["url"]
-    webhook_target(url, list(conf.get("WEBHOOK_ALLOWLIST")))
-    connection, path = _connection(url, context.timeout_seconds)
+    """Non-idempotent write. Checks the URL against ``WEBHOOK_ALLOWLIST`` (read now) by name and
+    by the addresses the name resolves to, before any connection, and connects only to those
+    addresses (``agentruns.outbound``); sends ``Idempotency-Key`` and ``X-Fencing-Token``; times
+    out after ``context.timeout_seconds``. An HTTP status (errors included) is a result. A
+    failure to resolve or connect is a failure (nothing was sent); a timeout or a lost
+    connection once the request may have been sent raises ``OutcomeUnknown``: the run waits
+    for reconciliation."""
+    connection, path = _connection(_target(arguments["url"]), context.timeout_seconds)
     try:
         connection.connect()
     except OSError as exc:

@@ -2,6 +2,8 @@
 
 Views parse, call one ``agentruns`` service or selector, and render. Allowed: staff with
 ``playground.use_playground`` (superusers implicitly); anyone else is sent to the admin login.
+Starting a run also needs ``agentruns.start_agentrun`` (``runs.run_authorize_start``), as the
+API's does; without it the page says so and offers no Run buttons.
 """
 
 from __future__ import annotations
@@ -20,7 +22,12 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from agentruns import display, selectors
-from agentruns.authority import Authority, approval_authority, cancel_authority
+from agentruns.authority import (
+    Authority,
+    approval_authority,
+    cancel_authority,
+    start_authority,
+)
 from agentruns.exceptions import InvalidInput, InvalidRequest, LeaseholdError, RunNotFound
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.jsonview import pretty_arguments
@@ -151,7 +158,7 @@ def _page(request: HttpRequest, form: RunForm, *, status: int = 200) -> HttpResp
     return render(
         request,
         "playground/index.html",
-        {"form": form, "history": _history(request)},
+        {"form": form, "history": _history(request), "start": start_authority(request.user)},
         status=status,
     )
 
@@ -234,6 +241,7 @@ def run_batch(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _page(request, form, status=400)
     try:
+        runs.run_authorize_start(actor=request.user)
         result = runs.run_start_sync(initiator=request.user, **form.start_arguments())
     except LeaseholdError as exc:
         form.add_error(None, exc.message)
@@ -245,6 +253,10 @@ def run_batch(request: HttpRequest) -> HttpResponse:
 @playground_required
 def run_stream(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     """The same run, streamed: NDJSON ``step`` lines as they are recorded, then one terminal."""
+    try:
+        runs.run_authorize_start(actor=request.user)
+    except LeaseholdError as exc:
+        return _stream_refused(exc)
     form = RunForm(request.POST)
     if not form.is_valid():
         return _stream_refused(

@@ -99,10 +99,12 @@ class RunsView(LeaseholdAPIView, GenericAPIView):
         operation_id="runs_start",
         request=s.RunStartSerializer,
         responses={200: s.RunSerializer, 202: s.RunQueuedSerializer, **_errors(400)},
-        description="sync: runs until the run pauses or ends, answers 200 with the run. "
+        description="Needs agentruns.start_agentrun (403 not_permitted otherwise). "
+        "sync: runs until the run pauses or ends, answers 200 with the run. "
         "queued: inserts a queued run for a worker, answers 202.",
     )
     def post(self, request: Request) -> Response:
+        runs.run_authorize_start(actor=request.user)
         data = _parse(s.RunStartSerializer, request.data)
         options = {"script": data["script"]} if data.get("script") is not None else None
         arguments = {

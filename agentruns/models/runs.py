@@ -104,6 +104,7 @@ class AgentRun(models.Model):
             ("decide_agentrun", "Can decide pending agent runs (approve, deny, input, reconcile)"),
             ("view_all_agentruns", "Can see every agent run, not only those they started"),
             ("cancel_agentrun", "Can cancel agent runs someone else started"),
+            ("start_agentrun", "Can start agent runs (the API, the playground)"),
         ]
 
     def __str__(self) -> str:

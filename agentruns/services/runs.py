@@ -16,6 +16,7 @@ from agentruns.authority import (
     DECIDE_PERMISSION,
     Decider,
     cancel_authority,
+    start_authority,
 )
 from agentruns.exceptions import (
     ConfigurationNotFound,
@@ -49,6 +50,16 @@ CANCEL_IN_DOUBT_REFUSAL = (
 
 
 # --- Starting --------------------------------------------------------------------------------
+
+
+def run_authorize_start(*, actor: User | None) -> None:
+    """Raise ``NotPermitted`` (naming ``agentruns.start_agentrun``) unless ``actor`` may start a
+    run through Leasehold's own interfaces: the API's ``POST /api/runs/`` and the playground
+    call it before ``run_start_sync`` / ``run_enqueue``. Those two services check nothing about
+    their ``initiator``: a project's own code that starts runs decides who may."""
+    authority = start_authority(actor)
+    if not authority.allowed:
+        raise NotPermitted(authority.refusal)
 
 
 def _configuration(configuration: AgentConfiguration | str) -> AgentConfiguration:
@@ -269,6 +280,7 @@ __all__ = [
     "ClaimHook",
     "build_request",
     "run_abandon",
+    "run_authorize_start",
     "run_cancel",
     "run_decide",
     "run_enqueue",

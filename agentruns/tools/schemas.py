@@ -11,6 +11,12 @@ References stay inside the schema: ``check_schema`` refuses a ``$ref`` (``$dynam
 registry that retrieves nothing, so no schema ever makes Leasehold fetch a URL (jsonschema's
 default downloads a remote reference, with no timeout and no allowlist).
 
+A check is bounded: a schema's regular expressions run on RE2 (``agentruns.tools.patterns``:
+linear in what they read, within a budget of characters read per check; a pattern RE2 cannot
+compile makes the schema unusable), a value larger than ``AGENTRUNS_MAX_ARGUMENT_CHARS``
+characters of JSON or nested deeper than ``MAX_ARGUMENT_DEPTH`` is refused unchecked (one error
+at the root says so), and a schema that recurses without end is unusable rather than a crash.
+
 A path is the list of keys leading from the validated object to the value that failed: strings
 for object properties, integers for array items (``("tags", 2)``: item 2 of ``tags``); the empty
 path is the object itself. As JSON it is an array (``["tags", 2]``), so a key holding ``/`` or
@@ -20,7 +26,6 @@ path is the object itself. As JSON it is an array (``["tags", 2]``), so a key ho
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,10 +36,27 @@ from jsonschema.validators import validator_for
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
+from agentruns import conf
+from agentruns.tools.patterns import (
+    PatternRefused,
+    ScanBudgetExceeded,
+    bounded_validator,
+    format_checker,
+    scan_budget,
+    schema_problem,
+)
+
 # At most this many errors are reported for one instance, so a huge instance cannot flood a
 # transcript or a page; an extra last entry says how many more were left out.
 MAX_REPORTED_ERRORS = 5
 MAX_MESSAGE_CHARS = 300
+# The deepest nesting (objects and arrays) of a value checked against a schema: jsonschema
+# descends recursively, and a deeper value would exhaust Python's stack.
+MAX_ARGUMENT_DEPTH = 64
+# One check's patterns may read at most this many times AGENTRUNS_MAX_ARGUMENT_CHARS characters
+# in all (``patterns.scan_budget``): a value read once or a few times is never near it, a schema
+# applying dozens of expressions to the same text is stopped.
+SCAN_BUDGET_FACTOR = 8
 
 PathPart = str | int
 
@@ -77,8 +99,18 @@ class SchemaError:
 
 
 def _validator_class(schema: Mapping[str, Any]) -> type[Validator]:
-    """The validator the schema asks for via ``$schema``; Draft 2020-12 when it says nothing."""
-    return validator_for(schema, default=Draft202012Validator)
+    """The validator the schema asks for via ``$schema`` (Draft 2020-12 when it says nothing),
+    its regular expressions run by RE2 (``patterns.bounded_validator``)."""
+    return bounded_validator(validator_for(schema, default=Draft202012Validator))
+
+
+def _build(schema: Mapping[str, Any]) -> Validator:
+    """A validator of ``schema``; ``InvalidSchema`` when a check could not be bounded
+    (``patterns.schema_problem``)."""
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise InvalidSchema(f"the schema cannot be checked: {problem}")
+    return _validator_class(schema)(schema, registry=_NO_RETRIEVAL)
 
 
 # Validators built for the schemas validated lately (every tool call validates its arguments,
@@ -95,12 +127,12 @@ def _validator(schema: Mapping[str, Any]) -> Validator:
     """A validator of ``schema`` resolving through ``_NO_RETRIEVAL`` (cached, see above)."""
     try:
         text = _schema_text(schema)
-    except (TypeError, ValueError):  # not JSON (e.g. a circular schema): never cached
-        return _validator_class(schema)(schema, registry=_NO_RETRIEVAL)
+    except (TypeError, ValueError, RecursionError):  # not JSON (e.g. circular): never cached
+        return _build(schema)
     cached = _VALIDATORS.get(id(schema))
     if cached is not None and cached[0] is schema and cached[1] == text:
         return cached[2]
-    validator = _validator_class(schema)(schema, registry=_NO_RETRIEVAL)
+    validator = _build(schema)
     if len(_VALIDATORS) >= _MAX_VALIDATORS:
         _VALIDATORS.clear()
     _VALIDATORS[id(schema)] = (schema, text, validator)
@@ -129,12 +161,20 @@ def remote_references(schema: Any) -> list[str]:
 
 def _metaschema_error(schema: Mapping[str, Any]) -> str | None:
     """The first way ``schema`` breaks its draft's metaschema (formats checked, so a ``pattern``
-    must compile), or None. jsonschema's ``check_schema``, resolving through ``_NO_RETRIEVAL``."""
+    must compile with RE2), or None. jsonschema's ``check_schema``, resolving through
+    ``_NO_RETRIEVAL``."""
     draft = _validator_class(schema)
-    meta = validator_for(draft.META_SCHEMA, default=draft)
-    checker = meta(draft.META_SCHEMA, registry=_NO_RETRIEVAL, format_checker=meta.FORMAT_CHECKER)
-    for error in checker.iter_errors(schema):
-        return error.message
+    meta = bounded_validator(validator_for(draft.META_SCHEMA, default=draft))
+    checker = meta(
+        draft.META_SCHEMA,
+        registry=_NO_RETRIEVAL,
+        format_checker=format_checker(meta.FORMAT_CHECKER),
+    )
+    try:
+        for error in checker.iter_errors(schema):
+            return error.message
+    except RecursionError:
+        return "it refers to itself without end"
     return None
 
 
@@ -143,11 +183,15 @@ def check_schema(schema: Any, *, what: str) -> None:
 
     An object schema is a mapping with ``"type": "object"`` and, if present, a mapping of
     ``properties``: tool arguments and human input are always JSON objects. Every ``pattern``
-    must compile (the metaschema's ``regex`` format) and every reference must be local
-    (``remote_references`` is empty): a schema may not make Leasehold fetch anything.
+    (and ``patternProperties`` key) must compile with RE2 (``patterns.schema_problem``: the
+    reason names the pattern), every reference must be local (``remote_references`` is empty):
+    a schema may not make Leasehold fetch anything.
     """
     if not isinstance(schema, Mapping):
         raise InvalidSchema(f"{what} must be a JSON schema object, got {type(schema).__name__}")
+    bounded = schema_problem(schema)
+    if bounded is not None:
+        raise InvalidSchema(f"{what} cannot be checked: {bounded}")
     problem = _metaschema_error(schema)
     if problem is not None:
         raise InvalidSchema(f"{what} is not a valid JSON schema: {problem}")
@@ -161,6 +205,43 @@ def check_schema(schema: Any, *, what: str) -> None:
             f"{what} refers to {_short(remote[0])!r}: only references inside the schema "
             "(starting with '#') are allowed"
         )
+
+
+def size_problem(instance: Any) -> str | None:
+    """Why ``instance`` is too large to check, or None: more than
+    ``AGENTRUNS_MAX_ARGUMENT_CHARS`` characters of JSON (counted without escapes: a lower
+    bound) or objects and arrays nested deeper than ``MAX_ARGUMENT_DEPTH``. Iterative, and it
+    stops as soon as either bound is passed."""
+    limit = int(conf.get("MAX_ARGUMENT_CHARS"))
+    total = 0
+    stack: list[tuple[Any, int]] = [(instance, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            total += len(value) + 2
+        elif isinstance(value, Mapping | list | tuple):
+            if depth >= MAX_ARGUMENT_DEPTH:
+                return (
+                    f"the value is nested deeper than {MAX_ARGUMENT_DEPTH} levels of objects "
+                    "and arrays; it was not checked"
+                )
+            items = value.items() if isinstance(value, Mapping) else enumerate(value)
+            total += 2
+            for key, item in items:
+                total += 1 + (len(key) + 3 if isinstance(key, str) else 0)
+                stack.append((item, depth + 1))
+        elif isinstance(value, int) and not isinstance(value, bool):
+            total += value.bit_length() // 3 + 1  # about its digits, without writing them
+        elif isinstance(value, float):
+            total += len(repr(value))
+        else:
+            total += 5  # true, false, null
+        if total > limit:
+            return (
+                f"the value is larger than {limit} characters of JSON "
+                "(AGENTRUNS_MAX_ARGUMENT_CHARS); it was not checked"
+            )
+    return None
 
 
 def _short(text: str) -> str:
@@ -184,25 +265,40 @@ def schema_errors(schema: Mapping[str, Any], instance: Any) -> list[SchemaError]
     ``MAX_REPORTED_ERRORS`` errors; when more were found, one more entry at the root path,
     ``"... and N more"``, says how many were left out.
 
-    Nothing is retrieved: a reference the schema does not itself contain, or a ``pattern``
-    Python cannot compile, raises ``InvalidSchema`` (the schema is unusable; a schema that
-    passed ``check_schema`` has no such pattern and no remote reference).
+    Bounded: an instance over ``AGENTRUNS_MAX_ARGUMENT_CHARS`` characters of JSON or nested
+    deeper than ``MAX_ARGUMENT_DEPTH``, or whose check would read more than
+    ``SCAN_BUDGET_FACTOR`` times that many characters with the schema's patterns, is not checked
+    (refused); the one error, at the root, says so.
+
+    Nothing is retrieved: a reference the schema does not itself contain, a ``pattern`` RE2
+    cannot compile or a reference that recurses without end raises ``InvalidSchema`` (the
+    schema is unusable; a schema that passed ``check_schema`` has no such pattern and no remote
+    reference).
     """
+    too_big = size_problem(instance)
+    if too_big is not None:
+        return [SchemaError((), too_big)]
     validator = _validator(schema)
+    budget = SCAN_BUDGET_FACTOR * int(conf.get("MAX_ARGUMENT_CHARS"))
     try:
-        found = sorted(
-            (
-                SchemaError(tuple(e.absolute_path), _short(e.message))
-                for e in validator.iter_errors(instance)
-            ),
-            key=_order,
-        )
+        with scan_budget(budget):
+            found = sorted(
+                (
+                    SchemaError(tuple(e.absolute_path), _short(e.message))
+                    for e in validator.iter_errors(instance)
+                ),
+                key=_order,
+            )
+    except ScanBudgetExceeded as exc:
+        return [SchemaError((), f"{exc}; it was not checked")]
     except Unresolvable as exc:
         raise InvalidSchema(
             f"the schema has a reference that does not resolve: {_short(str(exc))}"
         ) from exc
-    except re.error as exc:
-        raise InvalidSchema(f"the schema has a pattern that does not compile: {exc}") from exc
+    except PatternRefused as exc:
+        raise InvalidSchema(f"the schema cannot be checked: {exc}") from exc
+    except RecursionError:
+        raise InvalidSchema("the schema refers to itself without end") from None
     if len(found) <= MAX_REPORTED_ERRORS:
         return found
     left_out = len(found) - MAX_REPORTED_ERRORS

@@ -23,6 +23,7 @@ from tests.agentruns.api_support import (
 from tests.agentruns.factories import UserFactory
 
 DECIDE = "agentruns.decide_agentrun"
+START = "agentruns.start_agentrun"
 RAW_STATE = {"loop_state", "request"}
 
 
@@ -35,7 +36,7 @@ def client_for(user) -> APIClient:
 
 @pytest.fixture
 def decider(db):
-    return UserFactory(username="decider", permissions=[DECIDE])
+    return UserFactory(username="decider", permissions=[DECIDE, START])
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from agentruns.models import AgentRun, EventKind, Status
 from tests.agentruns.api_support import (
     WEBHOOK_CALL,
     WEBHOOK_SCRIPT,
+    config,
     digest,
     in_doubt,
     waiting_for_approval,
@@ -180,3 +181,31 @@ def test_cancelling_one_s_own_run_in_doubt_needs_the_decide_permission(alice):
 
     alice.user_permissions.add(Permission.objects.get(codename="decide_agentrun"))
     assert cancel(client_for(alice), run).json() == {"cancelled": True}
+
+
+# --- Starting ------------------------------------------------------------------------------------
+
+START = "agentruns.start_agentrun"
+
+
+@pytest.mark.parametrize("mode", ["sync", "queued"])
+def test_starting_a_run_needs_the_start_permission(mode):
+    """``POST /api/runs/`` needs ``agentruns.start_agentrun``, as the playground's Run buttons do;
+    being staff (even a decider) is not enough. A refusal starts nothing."""
+    config_body = {"configuration": "hello", "prompt": "say hi", "mode": mode}
+    config("hello", [{"content": "hi"}])
+    staff = client_for(UserFactory(username="staff", permissions=[DECIDE, VIEW_ALL]))
+    body = assert_error(staff.post("/api/runs/", config_body, format="json"), 403, "not_permitted")
+    assert body["message"] == f"starting a run needs {START}"
+    assert not AgentRun.objects.exists()
+
+    starter = client_for(UserFactory(username="starter", permissions=[START]))
+    response = starter.post("/api/runs/", config_body, format="json")
+    assert response.status_code == (200 if mode == "sync" else 202), response.content
+    run = AgentRun.objects.get()
+    assert run.initiator.username == "starter"
+    # Their own run is theirs to see, as any initiator's.
+    assert starter.get(f"/api/runs/{run.uuid}/").status_code == 200
+    assert client_for(UserFactory(username="root", is_superuser=True)).post(
+        "/api/runs/", config_body, format="json"
+    ).status_code in (200, 202)

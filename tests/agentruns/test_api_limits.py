@@ -15,7 +15,11 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def user(db):
-    return UserFactory(username="staff", is_staff=True, permissions=["agentruns.decide_agentrun"])
+    return UserFactory(
+        username="staff",
+        is_staff=True,
+        permissions=["agentruns.decide_agentrun", "agentruns.start_agentrun"],
+    )
 
 
 @pytest.fixture

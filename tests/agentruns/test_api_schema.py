@@ -28,7 +28,9 @@ from tests.agentruns.test_api import DECIDE, client_for
 
 @pytest.fixture
 def api(db) -> APIClient:
-    return client_for(UserFactory(username="decider", permissions=[DECIDE]))
+    return client_for(
+        UserFactory(username="decider", permissions=[DECIDE, "agentruns.start_agentrun"])
+    )
 
 
 @pytest.fixture

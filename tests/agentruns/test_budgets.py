@@ -433,7 +433,7 @@ def test_runs_racing_for_the_last_of_a_budget_overspend_by_at_most_one_call(race
 def test_the_api_shows_the_cost_as_a_decimal_string_with_its_currency():
     from rest_framework.test import APIClient
 
-    user = UserFactory(permissions=[DECIDE])
+    user = UserFactory(permissions=[DECIDE, "agentruns.start_agentrun"])
     priced(slug="priced-api")
     client = APIClient()
     client.force_authenticate(user)
@@ -504,7 +504,7 @@ def test_the_cost_metric_per_configuration_comes_from_the_ledger(client):
     first, second = priced(slug="first"), priced(slug="second")
     for config in (first, first, second):
         run_start_sync(configuration=config, prompt="go")
-    client.force_login(UserFactory(is_staff=True))
+    client.force_login(UserFactory(is_staff=True, permissions=["agentruns.view_all_agentruns"]))
     values = samples(client)
     total = "leasehold_cost_total"
     assert values[(total, (("configuration", "first"), ("currency", "USD")))] == pytest.approx(

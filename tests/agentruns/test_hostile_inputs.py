@@ -48,7 +48,11 @@ def test_a_scripted_delay_that_is_not_a_finite_number_of_seconds_is_refused(dela
 @pytest.fixture
 def api(db) -> APIClient:
     client = APIClient()
-    client.force_authenticate(UserFactory(is_staff=True, permissions=["agentruns.decide_agentrun"]))
+    client.force_authenticate(
+        UserFactory(
+            is_staff=True, permissions=["agentruns.decide_agentrun", "agentruns.start_agentrun"]
+        )
+    )
     AgentConfigurationFactory(slug="hello", script=[{"content": "hi"}])
     return client
 

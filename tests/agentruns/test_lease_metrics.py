@@ -27,7 +27,7 @@ def counted(name: str) -> int:
 
 def scrape() -> str:
     client = Client()
-    client.force_login(UserFactory(username="ops"))
+    client.force_login(UserFactory(username="ops", permissions=["agentruns.view_all_agentruns"]))
     return client.get("/metrics").content.decode()
 
 

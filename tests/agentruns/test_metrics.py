@@ -35,19 +35,48 @@ def samples(client: Client, **headers: str) -> dict[tuple[str, tuple], float]:
     }
 
 
+VIEW_ALL = "agentruns.view_all_agentruns"
+DECIDE = "agentruns.decide_agentrun"
+
+
 @pytest.fixture
 def staff() -> Client:
     client = Client()
-    client.force_login(UserFactory(username="ops", is_staff=True))
+    client.force_login(UserFactory(username="ops", is_staff=True, permissions=[VIEW_ALL]))
+    return client
+
+
+def logged_in(**fields) -> Client:
+    client = Client()
+    client.force_login(UserFactory(**fields))
     return client
 
 
 def test_anonymous_is_401_and_a_non_staff_user_403():
     anonymous = Client().get("/metrics")
     assert anonymous.status_code == 401 and anonymous["WWW-Authenticate"].startswith("Bearer")
-    client = Client()
-    client.force_login(UserFactory(username="someone", is_staff=False))
+    client = logged_in(username="someone", is_staff=False, permissions=[VIEW_ALL])
     assert client.get("/metrics").status_code == 403
+
+
+def test_a_session_needs_the_dashboards_permission():
+    """/metrics counts every run, as the dashboard does: a staff session needs what the dashboard
+    needs (``view_all_agentruns`` or ``decide_agentrun``); the token path is unchanged."""
+    bare = logged_in(username="bare")
+    assert bare.get("/metrics").status_code == 403
+    assert bare.get("/admin/agentruns/agentrun/dashboard/").status_code == 403
+    for username, permission in (("viewer", VIEW_ALL), ("decider", DECIDE)):
+        client = logged_in(username=username, permissions=[permission])
+        assert samples(client), permission
+        assert client.get("/admin/agentruns/agentrun/dashboard/").status_code == 200
+    assert samples(logged_in(username="root", is_superuser=True))
+    with override_settings(AGENTRUNS={**settings.AGENTRUNS, "METRICS_TOKEN": TOKEN}):
+        # A bearer token needs no session and no permission; a wrong one is refused even
+        # beside a session that could read.
+        assert samples(Client(), Authorization=f"Bearer {TOKEN}")
+        viewer = logged_in(username="viewer2", permissions=[VIEW_ALL])
+        wrong = viewer.get("/metrics", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 403
 
 
 def test_a_scraper_reads_with_the_bearer_token_and_nothing_else():

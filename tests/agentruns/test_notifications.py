@@ -410,7 +410,7 @@ def test_metrics_show_notifications_by_channel():
     counter_add("notification_failures", 2, channel="webhook")
     counter_add("notifications_sent", 5, channel="email")
     client = Client()
-    client.force_login(UserFactory(username="ops"))
+    client.force_login(UserFactory(username="ops", permissions=["agentruns.view_all_agentruns"]))
     text = client.get("/metrics").content.decode()
     assert 'leasehold_notification_failures_total{channel="webhook"} 2.0' in text
     assert 'leasehold_notification_failures_total{channel="email"} 0.0' in text

@@ -118,6 +118,7 @@ def test_input_keys_the_parameters_reject_are_refused() -> None:
         {"type": "array"},
         "object",
         {"type": "object", "properties": {"code": {"type": "string", "pattern": "(unclosed"}}},
+        {"type": "object", "properties": {"code": {"type": "string", "pattern": "(a)\\1"}}},
     ],
 )
 def test_invalid_schemas_are_refused(parameters: Any) -> None:

@@ -136,14 +136,18 @@ def test_the_playground_decides_no_unreadable_run(client, staff, path):
 # --- An input schema that cannot be used ---------------------------------------------------------
 
 UNUSABLE_SCHEMAS = {
-    "a pattern Python cannot compile": {
+    "a pattern that does not compile": {
         "type": "object",
         "properties": {"answer": {"type": "string", "pattern": "(unclosed", "title": "Answer"}},
     },
-    "a property pattern Python cannot compile": {
+    "a property pattern that does not compile": {
         "type": "object",
         "properties": {"answer": {"type": "string"}},
         "patternProperties": {"[a-": {"type": "string"}},
+    },
+    "a pattern RE2 cannot run (a backreference)": {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "pattern": "^(b)\\1$", "title": "Answer"}},
     },
     "a reference outside the schema": {
         "type": "object",

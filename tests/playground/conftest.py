@@ -11,11 +11,12 @@ from tests.agentruns.factories import UserFactory
 
 USE = "playground.use_playground"
 DECIDE = "agentruns.decide_agentrun"
+START = "agentruns.start_agentrun"
 
 
 @pytest.fixture
 def developer(db):
-    return UserFactory(username="dev", permissions=[USE, DECIDE])
+    return UserFactory(username="dev", permissions=[USE, START, DECIDE])
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ def test_seed_demo_seeds_once_and_the_colleague_may_decide_and_play() -> None:
     colleague = users.get(username="colleague")
     assert colleague.is_staff and not colleague.is_superuser
     assert colleague.get_all_permissions() == {
+        "agentruns.start_agentrun",
         "agentruns.decide_agentrun",
         "playground.use_playground",
     }

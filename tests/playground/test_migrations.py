@@ -98,3 +98,37 @@ def test_with_nothing_to_copy_the_move_writes_nothing(at_latest_afterwards: None
     before = Permission.objects.count()
     migrate(latest())
     assert Permission.objects.count() == before
+
+
+BEFORE_START = [
+    ("agentruns", "0020_spend_holds"),
+    ("playground", "0005_note_idempotency_key"),
+]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_who_could_use_the_playground_may_still_start_runs_there(
+    at_latest_afterwards: None,
+) -> None:
+    """Starting a run needs ``agentruns.start_agentrun`` from agentruns 0021 on; playground 0006
+    gives it to every user and group that held ``playground.use_playground``, nobody else."""
+    migrate(BEFORE_START)
+    ContentType.objects.clear_cache()
+    Permission.objects.filter(codename="start_agentrun").delete()  # as before 0021
+    use = permission("playground", "note")
+    assert use is not None
+    player = UserFactory(username="player")
+    player.user_permissions.add(use)
+    players = Group.objects.create(name="players")
+    players.permissions.add(use)
+    member = UserFactory(username="member")
+    member.groups.add(players)
+    bystander = UserFactory(username="bystander", is_staff=True)
+
+    migrate(latest())
+
+    assert has(player.pk, "agentruns.start_agentrun")
+    assert has(member.pk, "agentruns.start_agentrun")
+    assert not has(bystander.pk, "agentruns.start_agentrun")
+    start = Permission.objects.get(content_type__app_label="agentruns", codename="start_agentrun")
+    assert start.name == "Can start agent runs (the API, the playground)"

@@ -11,10 +11,18 @@ from django.conf import settings
 from django.test import override_settings
 
 from agentruns.models import Effect
-from agentruns.tools import ToolContext, invoke_tool, overlay_input, registry, validate_input
+from agentruns.tools import (
+    CheckContext,
+    ToolContext,
+    invoke_tool,
+    overlay_input,
+    registry,
+    validate_input,
+)
 from playground import tools
 from playground.models import Note
-from tests.support.http_recorder import HTTPRecorder
+from tests.support.http_recorder import HTTPRecorder, recorders_on_one_port
+from tests.support.resolver import ScriptedDNS
 
 pytestmark = pytest.mark.django_db
 
@@ -234,6 +242,64 @@ def test_webhook_allowlist_matching(url: str, entries: list[str], allowed: bool)
     else:
         with pytest.raises(tools.WebhookRefused):
             tools.webhook_target(url, entries)
+
+
+def test_webhook_to_a_name_resolving_to_loopback_is_refused_though_the_name_is_listed(
+    http_recorder: HTTPRecorder,
+) -> None:
+    url = f"http://localhost:{http_recorder.port}/hook"
+    with allowlist(f"localhost:{http_recorder.port}"):
+        result = call("call_webhook", {"url": url, "payload": {}})
+        preview = tools.preview_call_webhook(context(), {"url": url, "payload": {}})
+    assert result.ok is False and result.in_doubt is False
+    assert result.error.startswith(
+        "WebhookRefused: host 'localhost' resolves only to addresses that are not public: "
+    )
+    assert "127.0.0.1 (loopback)" in result.error
+    assert http_recorder.requests == []
+    # The preview checks the name only (no lookup while a turn waits): the call decides.
+    assert preview.summary.startswith("POST 2 bytes of JSON to localhost:")
+
+
+def test_webhook_to_a_name_whose_address_is_listed_posts_to_that_address(
+    http_recorder: HTTPRecorder,
+) -> None:
+    url = f"http://localhost:{http_recorder.port}/hook"
+    with allowlist(f"localhost:{http_recorder.port}", http_recorder.netloc):
+        result = call("call_webhook", {"url": url, "payload": {"a": 1}})
+    assert result.ok, result.error
+    [received] = http_recorder.requests
+    assert received.headers["Host"] == f"localhost:{http_recorder.port}"
+    assert received.headers["Idempotency-Key"] == "00000000-0000-0000-0000-0000000000aa:call-7"
+
+
+def test_webhook_dns_rebinding_cannot_reach_the_private_address(
+    scripted_dns: ScriptedDNS,
+) -> None:
+    """The name resolves to an allowed address (127.0.0.2, listed as an address: what a public
+    answer is in a real attack) when checked, and to 127.0.0.1 afterwards. The POST, and the
+    status protocol's GET of a later check, go to the checked address; 127.0.0.1 sees nothing."""
+    with recorders_on_one_port("127.0.0.2", "127.0.0.1") as (intended, victim):
+        port = intended.port
+        url = f"http://hooks.rebind.test:{port}/hook"
+        with allowlist(f"hooks.rebind.test:{port}", f"127.0.0.2:{port}"):
+            scripted_dns.answer("hooks.rebind.test", ["127.0.0.2"], ["127.0.0.1"])
+            result = call("call_webhook", {"url": url, "payload": {"n": 1}})
+            assert result.ok, result.error
+            assert scripted_dns.lookups("hooks.rebind.test") == 1
+            [posted] = intended.requests
+            assert posted.method == "POST" and posted.headers["Host"] == f"hooks.rebind.test:{port}"
+
+            # A later call resolves afresh: now the name answers 127.0.0.1, which is refused.
+            again = call("call_webhook", {"url": url, "payload": {"n": 2}})
+            assert again.ok is False and "127.0.0.1 (loopback)" in again.error
+            check = tools.check_call_webhook(
+                CheckContext(**vars(context()), name="call_webhook", arguments={"url": url}),
+                {"url": url},
+            )
+            assert check.verdict == "unknown" and "not asked" in check.evidence
+        assert victim.requests == []
+        assert len(intended.requests) == 1
 
 
 # --- wait and ask_human -----------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.test import Client
 
@@ -55,6 +57,28 @@ def test_superusers_may_use_it_implicitly(client):
     assert client.get("/playground/").status_code == 200
 
 
+def test_starting_a_run_needs_the_start_permission_as_in_the_api(client):
+    """The playground opens with ``use_playground``; its Run buttons need
+    ``agentruns.start_agentrun`` too (the API's rule). Refused: nothing starts, batch or
+    streamed, and the page says why instead of offering the buttons."""
+    config("hello", [{"content": "hi"}])
+    client.force_login(UserFactory(username="looker", permissions=[USE]))
+    html = client.get("/playground/").content.decode()
+    assert 'id="run-batch"' not in html and 'id="run-streamed"' not in html
+    assert "starting a run needs agentruns.start_agentrun" in html
+    refused = start(client, configuration="hello", prompt="p")
+    assert refused.status_code == 403
+    assert "starting a run needs agentruns.start_agentrun" in refused.content.decode()
+    streamed = client.post("/playground/stream/", {"configuration": "hello", "prompt": "p"})
+    assert streamed.status_code == 403
+    assert json.loads(streamed.content) == {
+        "event": "error",
+        "code": "not_permitted",
+        "message": "starting a run needs agentruns.start_agentrun",
+    }
+    assert not AgentRun.objects.exists()
+
+
 def test_developers_see_the_form(dev_client):
     config("hello", [{"content": "hi"}])
     html = dev_client.get("/playground/").content.decode()
@@ -62,6 +86,7 @@ def test_developers_see_the_form(dev_client):
     assert 'name="tools"' in html and "create_note" in html
     assert 'name="system_prompt"' in html and 'name="max_iterations"' in html
     assert "csrfmiddlewaretoken" in html
+    assert 'id="run-batch"' in html and 'id="run-streamed"' in html
 
 
 def test_forms_need_the_csrf_token(developer):

@@ -13,12 +13,13 @@ from django.db.models import Q
 from agentruns.models import AgentConfiguration, Provider
 from playground.models import Note
 
-# The staff user "colleague" may decide runs (agentruns) and use the playground (playground),
-# but not approve webhooks (``playground.approve_webhooks``, call_webhook's approve_permission):
-# of the demo users only the superuser "admin" holds that one (implicitly, as every permission).
-COLLEAGUE_PERMISSIONS = Q(content_type__app_label="agentruns", codename="decide_agentrun") | Q(
-    content_type__app_label="playground", codename="use_playground"
-)
+# The staff user "colleague" may start and decide runs (agentruns) and use the playground
+# (playground), but not approve webhooks (``playground.approve_webhooks``, call_webhook's
+# approve_permission): of the demo users only the superuser "admin" holds that one (implicitly,
+# as every permission).
+COLLEAGUE_PERMISSIONS = Q(
+    content_type__app_label="agentruns", codename__in=["start_agentrun", "decide_agentrun"]
+) | Q(content_type__app_label="playground", codename="use_playground")
 
 DEMO_CONFIGURATIONS: list[dict[str, Any]] = [
     {
@@ -121,6 +122,6 @@ class Command(BaseCommand):
             )
             colleague.user_permissions.add(*Permission.objects.filter(COLLEAGUE_PERMISSIONS))
             self.stdout.write(
-                "created staff user colleague / colleague (may decide and play; may not approve "
-                "webhooks)"
+                "created staff user colleague / colleague (may start, decide and play; may not "
+                "approve webhooks)"
             )
