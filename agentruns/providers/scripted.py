@@ -87,7 +87,7 @@ def _check_error(where: str, turn: dict[str, Any]) -> None:
         if not answers:
             raise _invalid(f"{where} needs 'content', 'tool_calls' or 'error'.")
         return
-    if turn["error"] not in _ERROR_CLASSES:
+    if not isinstance(turn["error"], str) or turn["error"] not in _ERROR_CLASSES:
         raise _invalid(f"{where}: 'error' must be 'retryable' or 'fatal'.")
     if "times" in turn:
         times = turn["times"]
