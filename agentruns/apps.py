@@ -7,7 +7,9 @@ class AgentrunsConfig(AppConfig):
     verbose_name = "Agent runs"
 
     def ready(self) -> None:
-        """Let the tool registry resolve remote (MCP) tools. Idempotent."""
+        """Let the tool registry resolve remote (MCP) tools, and register the system checks.
+        Idempotent."""
+        from agentruns import system_checks  # noqa: F401  (registers its checks)
         from agentruns.tools import mcp
 
         mcp.install()
