@@ -143,8 +143,11 @@ def timestamp_text(moment: datetime | None) -> str | None:
     if moment is None:
         return None
     if moment.tzinfo is None:
-        return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return moment.isoformat(timespec="microseconds")
+    if moment.tzinfo is not UTC:
+        moment = moment.astimezone(UTC)
+    text = moment.isoformat()  # "…T09:30:00.123456+00:00", or "…T09:30:00+00:00" (the fastest)
+    return text[:-6] + ("Z" if moment.microsecond else ".000000Z")
 
 
 def genesis(run_uuid: UUID | str) -> str:
@@ -393,31 +396,26 @@ def chain(
     middle, tail = _signer_parts(run_uuid, segment, lease_epoch)
     stamped = f',"created_at":{_scalar(timestamp_text(moment))},"duration_ms":'
     keyed = f',"key":{_scalar(key_id)},"kind":'
-    if key is None:
-        sha256 = hashlib.sha256
-
-        def digest(message: bytes) -> str:
-            return sha256(message).hexdigest()
-
-    else:
-        secret, hmac_digest = key.secret, hmac.digest
-
-        def digest(message: bytes) -> str:
-            return hmac_digest(secret, message, "sha256").hex()
-
+    version_tail = f',"v":{VERSION}}}'
+    sha256, hmac_digest = hashlib.sha256, hmac.digest
+    secret = key.secret if key is not None else None
     for sequence, spec in enumerate(events, start=first_sequence):
         actor = spec.actor_id
         kind = spec.kind
         duration = spec.duration_ms
         payload = _normalised(spec.payload)
-        text = (
-            f'{{"actor":{"null" if actor is None else _scalar(actor)}{stamped}'
+        message = (
+            f'{head}{{"actor":{"null" if actor is None else _scalar(actor)}{stamped}'
             f"{'null' if duration is None else _scalar(duration)}{keyed}"
             f"{_KIND_TEXT.get(kind) or _kind_text(kind)}{middle}"
             f"{''.join(c_encode(payload, 0)) if c_encode else _encode(payload)}{tail}{sequence}"
-            f',"v":{VERSION}}}'
+            f"{version_tail}"
+        ).encode("ascii")
+        current = (
+            sha256(message).hexdigest()
+            if secret is None
+            else hmac_digest(secret, message, "sha256").hex()
         )
-        current = digest((head + text).encode("ascii"))
         links.append(new_link(Link, (head, current, moment, key_id)))
         head = current
     return links, head
