@@ -47,7 +47,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 from uuid import UUID
 
-from django.utils import timezone
+from django.conf import settings
 
 from agentruns import conf
 from agentruns.exceptions import LedgerKeyUnavailable, SecretEnvRefused
@@ -383,7 +383,14 @@ def chain(
     is configured but cannot be read: nothing is chained unkeyed in its place."""
     if key is _UNSET:
         key = configured_key()
-    moment = created_at if created_at is not None else timezone.now()
+    # ``timezone.now()`` and ``timestamp_text`` inlined for the usual value (aware, in UTC).
+    moment = created_at
+    if moment is None:
+        moment = datetime.now(UTC) if settings.USE_TZ else datetime.now()
+    if moment.tzinfo is UTC:
+        stamp = moment.isoformat()[:-6] + ("Z" if moment.microsecond else ".000000Z")
+    else:
+        stamp = timestamp_text(moment) or ""
     links = []
     head = prev_hash
     new_link = tuple.__new__
@@ -394,8 +401,9 @@ def chain(
     # payload encoded by the same C encoder with the same options. ``test_ledger`` holds it
     # equal to ``canonical``.
     middle, tail = _signer_parts(run_uuid, segment, lease_epoch)
-    stamped = f',"created_at":{_scalar(timestamp_text(moment))},"duration_ms":'
-    keyed = f',"key":{_scalar(key_id)},"kind":'
+    # The time and the key id are ASCII digits, letters and punctuation: no escaping.
+    stamped = f',"created_at":"{stamp}","duration_ms":'
+    keyed = f',"key":"{key_id}","kind":'
     version_tail = f',"v":{VERSION}}}'
     sha256, hmac_digest = hashlib.sha256, hmac.digest
     secret = key.secret if key is not None else None
