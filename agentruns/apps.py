@@ -7,8 +7,10 @@ class AgentrunsConfig(AppConfig):
     verbose_name = "Agent runs"
 
     def ready(self) -> None:
-        """Let the tool registry resolve remote (MCP) tools, and let a django-q2 cluster told
-        to stop tell its workers (``services.runtime.shutdown``). Idempotent."""
+        """Let the tool registry resolve remote (MCP) tools, register the system checks, and let a
+        django-q2 cluster told to stop tell its workers (``services.runtime.shutdown``).
+        Idempotent."""
+        from agentruns import system_checks  # noqa: F401  (registers its checks)
         from agentruns.services.runtime import shutdown
         from agentruns.tools import mcp
 

@@ -22,13 +22,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import QuerySet, TextField
 from django.db.models.functions import Cast
+from django.utils.dateparse import parse_datetime
 
 from agentruns import ledger
 from agentruns.models import AgentRun, AgentRunEvent
@@ -40,6 +42,8 @@ MISSING = "missing"
 CHANGED = "changed"
 REORDERED = "reordered"
 HEAD_MISMATCH = "head mismatch"
+NOT_KEYED = "not keyed"
+DOWNGRADED = "downgraded"
 
 _EVENT_VALUES = (
     "run_id",
@@ -52,6 +56,10 @@ _EVENT_VALUES = (
     "actor_ref",
     "prev_hash",
     "hash",
+    "created_at",
+    "duration_ms",
+    "ledger_version",
+    "ledger_key",
 )
 
 
@@ -69,40 +77,109 @@ class Break:
 
 @dataclass
 class Report:
+    """What ``verify`` found. ``key``: the key it verified keyed events under (``None``: no key
+    configured); ``keyed``, ``plain``, ``legacy``: how many events it checked of each kind
+    (keyed version 2, unkeyed version 2, version 1); ``needs_key``: keyed events were met with
+    no key configured; ``wrong_key``: the key ids keyed events name that are not the key's."""
+
     runs: int = 0
     events: int = 0
     broken: list[Break] = field(default_factory=list)
+    key: ledger.LedgerKey | None = None
+    keyed: int = 0
+    plain: int = 0
+    legacy: int = 0
+    needs_key: bool = False
+    wrong_key: set[str] = field(default_factory=set)
 
     @property
     def intact(self) -> bool:
-        return not self.broken
+        return not self.broken and self.verifiable
+
+    @property
+    def verifiable(self) -> bool:
+        """Whether every keyed event could be checked (a key was given and it is theirs)."""
+        return not self.needs_key and not self.wrong_key
+
+    @property
+    def mode(self) -> str:
+        if self.key is None:
+            return "mode: plain SHA-256 (no AGENTRUNS_LEDGER_KEY: a keyed event cannot be checked)"
+        return f"mode: keyed HMAC-SHA256 under the key {self.key.id} (AGENTRUNS_LEDGER_KEY)"
+
+    @property
+    def counts(self) -> str:
+        parts = [
+            f"{count} {name}"
+            for count, name in (
+                (self.keyed, "keyed"),
+                (self.plain, "plain"),
+                (self.legacy, "version 1 (before created_at and duration_ms were covered)"),
+            )
+            if count
+        ]
+        return f" ({', '.join(parts)})" if parts else ""
 
     def summary(self) -> str:
-        if self.intact:
-            return f"{self.runs} runs, {self.events} events intact"
-        return f"{len(self.broken)} of {self.runs} runs broken ({self.events} events read)"
+        if self.broken:
+            return f"{len(self.broken)} of {self.runs} runs broken ({self.events} events read)"
+        return f"{self.runs} runs, {self.events} events intact{self.counts}"
 
 
 class _Walk:
     """One run's chain, fed its events in stored order."""
 
-    def __init__(self, run_uuid: UUID, head: str) -> None:
+    def __init__(self, run_uuid: UUID, head: str, report: Report, *, allow_plain: bool) -> None:
         self.run_uuid = run_uuid
         self.text_uuid = str(run_uuid)
         self.stored_head = head
         self.head = ledger.genesis(run_uuid)
         self.expected = 0
         self.broken: Break | None = None
+        self.report = report
+        self.allow_plain = allow_plain or report.key is None
+        # The format and keying so far: never going back.
+        self.version = ledger.LEGACY_VERSION
+        self.was_keyed = False
+        self.halted = False  # a keyed event that cannot be checked: the rest neither
 
     def _fail(self, sequence: int, problem: str) -> None:
         self.broken = Break(self.run_uuid, sequence, problem)
 
+    def _key_for(self, version: int, key_id: str) -> tuple[ledger.LedgerKey | None, str | None]:
+        """The key to check a ``version``/``key_id`` event with, or a problem (a break)."""
+        report = self.report
+        if version not in ledger.VERSIONS or (version == ledger.LEGACY_VERSION and key_id):
+            return None, CHANGED
+        if version < self.version or (self.was_keyed and not key_id):
+            return None, DOWNGRADED
+        if key_id:
+            if report.key is None:
+                report.needs_key = True
+                self.halted = True
+                return None, None
+            if key_id != report.key.id:
+                report.wrong_key.add(key_id)
+                self.halted = True
+                return None, None
+            return report.key, None
+        if not self.allow_plain:
+            return None, NOT_KEYED
+        return None, None
+
     def feed(self, row: tuple[Any, ...]) -> None:
-        if self.broken is not None:
+        if self.broken is not None or self.halted:
             return
-        _, sequence, kind, text, segment, epoch, actor_id, actor_ref, prev, stored = row
+        (_, sequence, kind, text, segment, epoch, actor_id, actor_ref, prev, stored) = row[:10]
+        created_at, duration_ms, version, key_id = row[10:]
         if sequence != self.expected:
             self._fail(self.expected, MISSING)
+            return
+        key, problem = self._key_for(version, key_id or "")
+        if self.halted:
+            return
+        if problem is not None:
+            self._fail(sequence, problem)
             return
         try:
             payload = ledger.payload_from_text(text)
@@ -117,6 +194,10 @@ class _Walk:
             segment=segment,
             lease_epoch=epoch,
             actor_id=actor_ref,
+            version=version,
+            created_at=_stored_moment(created_at),
+            duration_ms=duration_ms,
+            key=key,
             normalised=True,
         )
         fits = computed == stored and actor_id in (None, actor_ref)
@@ -130,10 +211,19 @@ class _Walk:
         if not fits:
             self._fail(sequence, CHANGED)
             return
+        self.version, self.was_keyed = version, key is not None
+        if key is not None:
+            self.report.keyed += 1
+        elif version == ledger.LEGACY_VERSION:
+            self.report.legacy += 1
+        else:
+            self.report.plain += 1
         self.head = stored
         self.expected += 1
 
     def finish(self) -> Break | None:
+        if self.halted:
+            return None  # not checked: the report refuses to verify (needs_key / wrong_key)
         # A run created outside the transitions with no event may have no head at all.
         unwritten = self.stored_head == "" and self.expected == 0
         if self.broken is None and self.stored_head != self.head and not unwritten:
@@ -141,14 +231,36 @@ class _Walk:
         return self.broken
 
 
-def verify(*, run_uuid: UUID | str | None = None, since: datetime | None = None) -> Report:
-    """Verify every run's chain (or one run's, or those updated since ``since``)."""
+def _stored_moment(raw: Any) -> datetime | None:
+    """``created_at`` as the driver gave it (SQLite: text; PostgreSQL: a datetime) as the value
+    the writer chained: aware in UTC when the project uses time zones."""
+    if raw is None:
+        return None
+    moment = parse_datetime(raw) if isinstance(raw, str) else raw
+    if moment is None:
+        return None
+    if settings.USE_TZ and moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment
+
+
+def verify(
+    *,
+    run_uuid: UUID | str | None = None,
+    since: datetime | None = None,
+    allow_plain: bool = False,
+) -> Report:
+    """Verify every run's chain (or one run's, or those updated since ``since``), keyed events
+    under the configured key (``ledger.configured_key``; raises ``LedgerKeyUnavailable`` when
+    one is configured but cannot be read). With a key configured an unkeyed event is a break
+    (``not keyed``) unless ``allow_plain`` (events written before the key was set)."""
+    key = ledger.configured_key()
     runs = AgentRun.objects.order_by("pk")
     if run_uuid is not None:
         runs = runs.filter(uuid=run_uuid)
     if since is not None:
         runs = runs.filter(updated_at__gte=since)
-    report = Report()
+    report = Report(key=key)
     last_pk = 0
     while True:
         batch = list(
@@ -159,7 +271,7 @@ def verify(*, run_uuid: UUID | str | None = None, since: datetime | None = None)
         if not batch:
             return report
         last_pk = batch[-1][0]
-        walks = {pk: _Walk(uuid, head) for pk, uuid, head in batch}
+        walks = {pk: _Walk(uuid, head, report, allow_plain=allow_plain) for pk, uuid, head in batch}
         events = (
             AgentRunEvent.objects.filter(run_id__in=list(walks))
             .order_by("run_id", "sequence")
@@ -193,7 +305,8 @@ def _raw_rows(queryset: QuerySet[Any, Any]) -> Iterator[tuple[Any, ...]]:
 def export_lines(run: AgentRun) -> Iterator[str]:
     """A run's audit trail as JSON Lines: a ``run`` line (uuid, status, the head, how many
     events, the format), then one ``event`` line per event up to the one the head names, each
-    with what its hash covers and its ``prev_hash`` and ``hash``. Events appended after the head
+    with what its hash covers (its format ``v`` and key id ``key`` too) and its ``prev_hash`` and
+    ``hash``. Events appended after the head
     was read are left out, so the file is one consistent prefix of the chain."""
     head = getattr(run, ledger.HEAD_FIELD) or ledger.genesis(run.uuid)
     count = (
@@ -228,9 +341,11 @@ def export_lines(run: AgentRun) -> Iterator[str]:
         "hash",
         "duration_ms",
         "created_at",
+        "ledger_version",
+        "ledger_key",
     )
     for row in rows.iterator(chunk_size=EVENTS_PER_FETCH):
-        sequence, kind, payload, segment, epoch, actor_ref, prev, stored, ms, at = row
+        sequence, kind, payload, segment, epoch, actor_ref, prev, stored, ms, at, v, key = row
         yield _line(
             {
                 "type": "event",
@@ -244,7 +359,9 @@ def export_lines(run: AgentRun) -> Iterator[str]:
                 "prev_hash": prev,
                 "hash": stored,
                 "duration_ms": ms,
-                "created_at": at.isoformat() if at is not None else None,
+                "created_at": ledger.timestamp_text(at),
+                "v": v,
+                "key": key,
             }
         )
 

@@ -55,6 +55,11 @@ DEFAULTS: dict[str, Any] = {
     # (DJANGO_SECRET_KEY, DATABASE_URL…) is refused when saved and when read. Case-sensitive;
     # empty entries are ignored, so an empty list allows no secret at all.
     "SECRET_ENV_PREFIXES": ["LEASEHOLD_"],
+    # The name of the environment variable holding the ledger's key (it must start with one of
+    # SECRET_ENV_PREFIXES, e.g. LEASEHOLD_LEDGER_KEY; the key at least 32 characters): events
+    # are then chained with HMAC-SHA256 under it, so writing the table is not enough to forge
+    # a chain. Empty: plain SHA-256. Configured but unreadable: no event is written.
+    "LEDGER_KEY": "",
     # How often (minutes) django-q2 runs the stale-run reaper.
     "REAPER_INTERVAL_MINUTES": 1,
     # Days to keep finished runs: when above 0, setup_schedules creates a daily purge of the

@@ -31,6 +31,7 @@ from agentruns.authority import (
     deciding_authority,
 )
 from agentruns.models import AgentRun, Status
+from agentruns.tools.shown import shown_turn
 from agentruns.turns import APPROVAL, INPUT, RECONCILIATION, PendingTurn, read_pending_turn
 from agentruns.turns.checks import LEFT_TO_PERSON
 
@@ -107,7 +108,7 @@ def waiting_items() -> list[Item]:
     )
     items = []
     for run in runs:
-        pending = read_pending_turn(run)
+        pending = shown_turn(run, read_pending_turn(run))  # as its card shows it
         if pending.check is not None and pending.check.state != LEFT_TO_PERSON:
             continue  # the tool's own check is still asking whether it landed: nobody to tell yet
         key = f"{run.pk}:{run.status}:{pending.turn_digest}"

@@ -130,3 +130,10 @@ class SecretEnvRefused(LeaseholdError):
 
     code = "secret_env_refused"
     status = 400
+
+
+class LedgerKeyUnavailable(LeaseholdError):
+    """The ledger's key (AGENTRUNS_LEDGER_KEY) cannot be read: no event can be chained."""
+
+    code = "ledger_key_unavailable"
+    status = 503

@@ -1,7 +1,9 @@
-"""A card: one waiting run as the inbox shows it — its pending turn read by ``agentruns.turns``,
-what its reader may decide on it (``agentruns.authority``) and, for input, the form generated
-from the schema. No queries of its own: the authority reads the reader's groups once per
-``Decider``, and the configuration (with its approver group) comes joined with the run."""
+"""A card: one waiting run as the inbox shows it — its pending turn read by ``agentruns.turns``
+and shown by ``agentruns.tools.shown`` (each call's tool as it stands now: the digest the card
+sends covers exactly what it shows), what its reader may decide on it (``agentruns.authority``)
+and, for input, the form generated from the schema. The authority reads the reader's groups once
+per ``Decider``, and the configuration (with its approver group) comes joined with the run; a
+remote tool's origin reads its server row."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from datetime import datetime
 from agentruns.authority import Authority, Decider, approval_authority, cancel_authority
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.models import DEADLINE_STATUSES, AgentRun, Status
+from agentruns.tools.shown import shown_turn
 from agentruns.turns import (
     APPROVAL,
     INPUT,
@@ -59,10 +62,11 @@ class Card:
 def card_for(run: AgentRun, *, reader: Decider) -> Card | None:
     """The card for a waiting run as ``reader`` sees it (an unbound input form for input turns,
     the reader's authority for approval and reconciliation turns); ``None`` when the run waits
-    for nobody."""
+    for nobody. Everything the card shows about a call comes from ``card.pending``."""
     if not waits_for_a_human(run):
         return None
-    card = Card(run=run, pending=read_pending_turn(run), cancel=cancel_for(run, reader=reader))
+    pending = shown_turn(run, read_pending_turn(run))
+    card = Card(run=run, pending=pending, cancel=cancel_for(run, reader=reader))
     if card.kind == INPUT:
         card.spec, card.form = input_form_for(card.pending, prefix=card.form_id)
     elif card.kind in (APPROVAL, RECONCILIATION):

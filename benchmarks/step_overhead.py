@@ -192,8 +192,10 @@ class LedgerCost:
         return sum(seconds for started, seconds in self.calls if start <= started < end)
 
     def _unhashed(self, *, events: Any, **kwargs: Any) -> Any:
-        filler = "0" * 64
-        return [self.ledger.Link(filler, filler) for _ in events], filler
+        from django.utils import timezone
+
+        filler, now = "0" * 64, timezone.now()
+        return [self.ledger.Link(filler, filler, now, "") for _ in events], filler
 
     @contextmanager
     def hashing(self, on: bool) -> Iterator[None]:

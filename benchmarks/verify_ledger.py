@@ -72,6 +72,7 @@ def payload(n: int) -> dict:
 
 def fill(runs: int, events: int) -> None:
     from django.db import transaction
+    from django.utils import timezone
 
     from agentruns import ledger
     from agentruns.leases import EventSpec
@@ -79,6 +80,7 @@ def fill(runs: int, events: int) -> None:
 
     configuration = AgentConfiguration.objects.create(slug="bench", name="bench")
     specs = [EventSpec("llm", payload(n)) for n in range(events)]
+    moment = timezone.now()  # every event's created_at (auto_now_add sets its own: reset below)
     for start in range(0, runs, 50):
         with transaction.atomic():
             batch = []
@@ -92,6 +94,7 @@ def fill(runs: int, events: int) -> None:
                     segment="worker:bench:1",
                     lease_epoch=1,
                     events=specs,
+                    created_at=moment,
                 )
                 batch.append(
                     AgentRun(
@@ -115,12 +118,14 @@ def fill(runs: int, events: int) -> None:
                         payload=specs[n].payload,
                         prev_hash=link.prev_hash,
                         hash=link.hash,
+                        ledger_key=link.key_id,
                     )
                     for run, links in zip(created, rows, strict=True)
                     for n, link in enumerate(links)
                 ],
                 batch_size=2000,
             )
+            AgentRunEvent.objects.filter(run__in=created).update(created_at=moment)
 
 
 def measure(label: str, action) -> tuple[float, float, object]:

@@ -35,6 +35,7 @@ from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, Status
 from agentruns.services import runs
 from agentruns.services.runtime.results import SegmentResult
+from agentruns.tools.shown import shown_turn
 from agentruns.turns import APPROVAL, INPUT, read_pending_turn, waits_for_a_human
 from playground import trace
 from playground.forms import RunForm
@@ -63,7 +64,7 @@ def _input_form(
 ) -> tuple[InputSpec | None, InputValuesForm | None, str]:
     """The input turn's spec and form (``None`` form when the spec cannot be offered), or no
     spec and the reason the stored turn cannot be read."""
-    pending = read_pending_turn(run)
+    pending = shown_turn(run, read_pending_turn(run))
     if pending.kind != INPUT:
         return None, None, pending.problem
     spec, form = input_form_for(pending, data, prefix=INPUT_PREFIX)
@@ -83,7 +84,7 @@ def _pending_context(
     }
     if not waits_for_a_human(run):
         return context
-    turn = read_pending_turn(run)
+    turn = shown_turn(run, read_pending_turn(run))
     context["turn"] = turn
     if turn.kind == APPROVAL:
         context["calls"] = [
@@ -95,6 +96,7 @@ def _pending_context(
                 "is_write": c.is_write,
                 "args": pretty_arguments(c.arguments),
                 "preview": c.preview,
+                "origin": c.origin,
             }
             for index, c in display.writes_first(turn.calls)
         ]
@@ -105,6 +107,7 @@ def _pending_context(
     elif turn.kind == INPUT and turn.call is not None:
         context["input_call"] = {
             "name": turn.call.name,
+            "origin": turn.call.origin,
             "args": pretty_arguments(turn.call.arguments),
             "question": turn.question,
         }

@@ -17,6 +17,7 @@ from agentruns.models import (
 )
 from agentruns.services import runs
 from agentruns.tools.origins import tool_origin
+from agentruns.tools.shown import shown_turn
 from agentruns.turns import INPUT, RECONCILIATION, read_pending_turn, waits_for_a_human
 
 MODE_CHOICES = [("sync", "sync"), ("queued", "queued")]
@@ -104,7 +105,8 @@ class ServerOriginSerializer(serializers.Serializer):
 
 class ToolOriginSerializer(serializers.Serializer):
     """Where the call's tool comes from, read when the turn is shown (a call re-reads its server
-    when it runs). ``hints`` are *declared by the server, not verified*: they decide nothing."""
+    when it runs) and covered by ``turn_digest``: a decision is taken only while it is still what
+    would run. ``hints`` are *declared by the server, not verified*: they decide nothing."""
 
     description = serializers.CharField(
         allow_blank=True, help_text="The tool's own description (at most 1,000 characters)."
@@ -136,7 +138,11 @@ class CallSerializer(serializers.Serializer):
     arguments = serializers.JSONField(
         help_text="The arguments, keys in the order the model sent them."
     )
-    effect = serializers.CharField()
+    effect = serializers.CharField(
+        help_text="approval and input: the effect the call would run with now (its tool's, or "
+        "non_idempotent_write for a tool the run cannot use); reconciliation: the effect its "
+        "fence stamped. Covered by turn_digest."
+    )
     tool = ToolOriginSerializer()
     preview = PreviewSerializer(
         allow_null=True,
@@ -211,11 +217,12 @@ class PendingTurnSerializer(serializers.Serializer):
 
 
 def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
-    """The pending turn as clients see it (read by ``agentruns.turns``, exactly as the inbox
-    reads it); ``None`` unless the run waits for a human."""
+    """The pending turn as clients see it (read by ``agentruns.turns`` and shown by
+    ``agentruns.tools.shown``, exactly as the inbox shows it: ``turn_digest`` covers every field
+    of every call given here); ``None`` unless the run waits for a human."""
     if not waits_for_a_human(run):
         return None
-    pending = read_pending_turn(run)
+    pending = shown_turn(run, read_pending_turn(run))
     return {
         "kind": pending.kind,
         "turn_digest": pending.turn_digest,
@@ -225,7 +232,7 @@ def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
                 "name": c.name,
                 "arguments": c.arguments,
                 "effect": c.effect,
-                "tool": tool_origin(c.name).to_json(),
+                "tool": (c.origin or tool_origin(c.name)).to_json(),
                 "preview": c.preview.to_json() if c.preview is not None and c.preview.ok else None,
                 "preview_failed": c.preview.failed
                 if c.preview is not None and c.preview.failed

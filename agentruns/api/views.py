@@ -246,13 +246,14 @@ class RunAuditView(LeaseholdAPIView):
                 description="JSON Lines: a run line {type: run, format, run, status, head, "
                 "events}, then one event line per event {type: event, run, sequence, kind, "
                 "payload, segment, lease_epoch, actor, prev_hash, hash, duration_ms, "
-                "created_at} up to the event the head names.",
+                "created_at, v, key} up to the event the head names.",
             ),
             **_errors(404),
         },
         description="The run's audit trail, streamed as JSON Lines: every event with the hash "
-        "chain that proves it (each hash is SHA-256 over the previous hash and the event's "
-        "canonical JSON; the README shows a standalone script that verifies a file).",
+        "chain that proves it (each hash is SHA-256 — HMAC-SHA256 under the ledger's key when "
+        "one is configured — over the previous hash and the canonical JSON of every field the "
+        "event stores; the README shows a standalone script that verifies a file).",
     )
     def get(self, request: Request, uuid: str) -> StreamingHttpResponse:
         run = selectors.run_get(run_uuid=uuid, user=request.user)

@@ -44,6 +44,7 @@ def fill_the_chain(apps, schema_editor):
                 segment=event.segment,
                 lease_epoch=event.lease_epoch,
                 actor_id=event.actor_ref,
+                version=ledger.LEGACY_VERSION,  # the format of its day (0019 marks them so)
             )
             heads[event.run_id] = event.hash
             pending.append(event)

@@ -138,9 +138,13 @@ class AgentRunEvent(models.Model):
     # The actor's id as recorded, kept when the account is deleted (``actor`` becomes null): the
     # chain covers it, and ``actor`` must be it or null.
     actor_ref = models.PositiveIntegerField(null=True, blank=True, editable=False)
-    # The tamper-evident chain (agentruns.ledger): the previous event's hash and this one's.
+    # The tamper-evident chain (agentruns.ledger): the previous event's hash and this one's,
+    # the format it was chained in (1: before created_at and duration_ms were covered) and the
+    # id of the key it was chained under ("": unkeyed SHA-256).
     prev_hash = models.CharField(max_length=64, blank=True, default="", editable=False)
     hash = models.CharField(max_length=64, blank=True, default="", editable=False)
+    ledger_version = models.PositiveSmallIntegerField(default=2, editable=False)
+    ledger_key = models.CharField(max_length=16, blank=True, default="", editable=False)
 
     class Meta:
         ordering = ["run", "sequence"]

@@ -41,6 +41,7 @@ from agentruns.models import AgentRun, EventKind, Status
 from agentruns.services import decisions, dispatch
 from agentruns.tools import CheckAnswer, CheckContext, registry
 from agentruns.tools.registry import LANDED, MAX_EVIDENCE_CHARS
+from agentruns.tools.shown import shown_turn
 from agentruns.turns import (
     CheckStatus,
     PendingTurn,
@@ -208,8 +209,10 @@ def _note(
 def _decide(
     run: AgentRun, pending: PendingTurn, *, attempt: int, verdict: str, evidence: str, result: Any
 ) -> str:
-    """Apply a verdict through the same guarded transition a person's uses."""
+    """Apply a verdict through the same guarded transition a person's uses, bound to the digest
+    of the turn as a card shows it (``tools.shown.shown_turn``), as a person's is."""
     call = pending.call
+    digest = shown_turn(run, pending).turn_digest
     landed_result = result if verdict == LANDED else None
     event = EventSpec(
         EventKind.RECONCILIATION,
@@ -218,7 +221,7 @@ def _decide(
             "by": "check",
             "evidence": evidence,
             "attempt": attempt,
-            "turn_digest": pending.turn_digest,
+            "turn_digest": digest,
             "call": call.to_json() if call is not None else None,
             "mode": "queued",
             "decider": None,
@@ -228,7 +231,7 @@ def _decide(
     decided = transitions.run_decide(
         run_uuid=run.uuid,
         expected_status=Status.WAITING_FOR_RECONCILIATION,
-        turn_digest=pending.turn_digest,
+        turn_digest=digest,
         decision=ReconciliationDecision(
             verdict=verdict, call=call, decider_id=None, by="check", result=landed_result
         ),

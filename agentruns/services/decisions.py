@@ -47,6 +47,7 @@ from agentruns.services.runtime.results import EventObserver, Outcome, SegmentRe
 from agentruns.services.runtime.segment import continue_segment
 from agentruns.tools import registry
 from agentruns.tools.schemas import InvalidSchema, SchemaError, input_errors
+from agentruns.tools.shown import shown_turn
 from agentruns.transitions.deadlines import past_deadline
 from agentruns.turns import (
     ApprovalDecision,
@@ -219,15 +220,21 @@ def run_decide(
 
 
 def _pending(run_uuid: UUID | str, *, waiting_in: str) -> PendingTurn | None:
-    """The pending turn of a run waiting in ``waiting_in``, as ``turns`` reads it; ``None`` when
-    the run is in another status (the transition, under the lock, says why: already decided or
-    not waiting).
+    """The pending turn of a run waiting in ``waiting_in``, as a card shows it
+    (``tools.shown.shown_turn``: its digest is the one a card sends); ``None`` when the run is
+    in another status (the transition, under the lock, says why: already decided or not
+    waiting).
 
     Raises ``RunNotFound``, or ``UnreadableState`` when it waits but its stored turn does not
     read (checked again under the lock).
     """
     try:
-        run = AgentRun.objects.filter(uuid=run_uuid).only("uuid", "status", "pending_turn").first()
+        run = (
+            AgentRun.objects.filter(uuid=run_uuid)
+            .select_related("configuration")
+            .only("uuid", "status", "pending_turn", "request", "configuration__tools")
+            .first()
+        )
     except (ValidationError, ValueError):
         raise RunNotFound() from None
     if run is None:
@@ -237,7 +244,7 @@ def _pending(run_uuid: UUID | str, *, waiting_in: str) -> PendingTurn | None:
     pending = read_pending_turn(run)
     if not pending.readable:
         raise UnreadableState(f"its pending turn cannot be read: {pending.problem}")
-    return pending
+    return shown_turn(run, pending)
 
 
 def validate_values(schema: dict[str, Any], values: Any) -> list[SchemaError]:

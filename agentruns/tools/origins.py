@@ -10,18 +10,19 @@ bounded here and escaped by the templates.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from agentruns.models import McpServer, McpTransport
 from agentruns.tools.mcp import read_only_by_operator, server_name_of
 from agentruns.tools.registry import registry
+from agentruns.turns.origins import HINTS_NOTE, ServerOrigin, ToolOrigin
 
-HINTS_NOTE = "declared by the server, not verified"
 MAX_DESCRIPTION_CHARS = 1000
 MAX_HINTS = 12
 MAX_HINT_CHARS = 120
+
+
+__all__ = ["HINTS_NOTE", "ServerOrigin", "ToolOrigin", "tool_origin"]
 
 
 def _cut(text: str, limit: int) -> str:
@@ -33,47 +34,6 @@ def _without_userinfo(url: str) -> str:
     if "@" not in parts.netloc:
         return url
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
-
-
-@dataclass(frozen=True)
-class ServerOrigin:
-    name: str
-    transport: str
-    endpoint: str  # the command (stdio) or the URL (without credentials)
-    enabled: bool = True
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "transport": self.transport,
-            "endpoint": self.endpoint,
-            "enabled": self.enabled,
-        }
-
-
-@dataclass(frozen=True)
-class ToolOrigin:
-    """``source``: ``local``, ``mcp`` or ``unknown`` (no such tool is registered now)."""
-
-    description: str
-    source: str
-    server: ServerOrigin | None = None
-    hints: dict[str, str] = field(default_factory=dict)
-    read_only_by_operator: bool = False
-
-    @property
-    def hints_note(self) -> str:
-        return HINTS_NOTE if self.hints else ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "description": self.description,
-            "source": self.source,
-            "server": self.server.to_json() if self.server is not None else None,
-            "hints": dict(self.hints),
-            "hints_note": self.hints_note,
-            "read_only_by_operator": self.read_only_by_operator,
-        }
 
 
 def _hints(raw: object) -> dict[str, str]:

@@ -20,14 +20,12 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Max
-from django.utils import timezone
 
 from agentruns import ledger
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, AgentRunEvent
 from agentruns.transitions._sql import (
     EVENT_BATCH,
-    EVENT_FIELDS,
     NOW_SQL,
     RUN_FIELDS,
     event_row,
@@ -212,7 +210,6 @@ def insert_batch_events(
     if not events:
         return
     db = _db()
-    created = EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
     items = list(events.items())
     for start in range(0, len(items), EVENT_BATCH):
         chunk = items[start : start + EVENT_BATCH]
@@ -225,6 +222,5 @@ def insert_batch_events(
                 spec,
                 (segment, epoch),
                 chained.links[run_id],
-                created,
             )
         run_statement(db, insert_sql(db, len(chunk)), params)

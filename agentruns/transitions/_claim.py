@@ -27,7 +27,6 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model
 from django.db.models.sql import Query
-from django.utils import timezone
 
 from agentruns import conf, ledger
 from agentruns.leases import EventSpec, Lease
@@ -157,11 +156,8 @@ def claim(
     params += [tail.epoch, tail.sequence, tail.stored_head]
     run_fields = list(RUN_FIELDS.values())
     if db.vendor == "postgresql":
-        created = EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
         for offset, spec in enumerate(events):
-            row = event_row(
-                db, 0, tail.sequence + offset, spec, (identity, epoch), links[offset], created
-            )
+            row = event_row(db, 0, tail.sequence + offset, spec, (identity, epoch), links[offset])
             params += row[1:]  # the run's id comes from the UPDATE
         with (
             transaction.atomic() if db.in_atomic_block else nullcontext(),

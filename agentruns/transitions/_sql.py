@@ -24,7 +24,6 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DurationField, Q
 from django.db.models.sql import UpdateQuery
-from django.utils import timezone
 
 from agentruns import conf, ledger
 from agentruns.leases import EventSpec
@@ -79,6 +78,8 @@ EVENT_COLUMNS = (
     "actor_ref",
     "prev_hash",
     "hash",
+    "ledger_version",
+    "ledger_key",
 )
 SEGMENT_GUARD = ("id", "status", "claimed_by", "lease_epoch")
 # A boundary that appends events also expects the run's next sequence to be the one its events
@@ -159,9 +160,9 @@ def event_row(
     spec: EventSpec,
     signer: tuple[str, int],
     chained: ledger.Link,
-    created: Any,
 ) -> list[Any]:
-    """The parameters of one event row, in ``EVENT_COLUMNS`` order (``insert_sql``)."""
+    """The parameters of one event row, in ``EVENT_COLUMNS`` order (``insert_sql``): its
+    ``created_at`` and key id as its link in the chain fixed them (the hash covers them)."""
     return [
         run_id,
         sequence,
@@ -171,10 +172,12 @@ def event_row(
         spec.duration_ms,
         EVENT_FIELDS["payload"].get_db_prep_save(spec.payload, db),
         spec.actor_id,
-        created,
+        EVENT_FIELDS["created_at"].get_db_prep_value(chained.created_at, db),
         spec.actor_id,
         chained.prev_hash,
         chained.hash,
+        ledger.VERSION,
+        chained.key_id,
     ]
 
 
@@ -188,14 +191,14 @@ def insert_events(
 ) -> int:
     """Append ``events`` numbered from ``first_sequence`` with their ``links`` in the chain
     (``ledger.chain``; one multi-row INSERT); the next sequence. ``created_at`` is the app
-    server's clock, as ``auto_now_add`` would set it. The caller writes the new head."""
+    server's clock as the chain stamped it (as ``auto_now_add`` would set it). The caller writes
+    the new head."""
     events = list(events)
     if not events:
         return first_sequence
     if len(links) != len(events):
         raise ValueError("every event needs its link in the chain")
     db = connections[DEFAULT_DB_ALIAS]
-    created = EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
     for start in range(0, len(events), EVENT_BATCH):
         batch = events[start : start + EVENT_BATCH]
         params: list[Any] = []
@@ -207,7 +210,6 @@ def insert_events(
                 spec,
                 (segment, epoch),
                 links[start + offset],
-                created,
             )
         run_statement(db, insert_sql(db, len(batch)), params)
     return first_sequence + len(events)
@@ -284,10 +286,9 @@ def event_rows(
     links: list[ledger.Link],
 ) -> list[Any]:
     """The parameters of ``events``' rows numbered from ``first`` (``with_events_sql``)."""
-    created = EVENT_FIELDS["created_at"].get_db_prep_value(timezone.now(), db)
     rows: list[Any] = []
     for offset, spec in enumerate(events):
-        rows += event_row(db, run_id, first + offset, spec, signer, links[offset], created)
+        rows += event_row(db, run_id, first + offset, spec, signer, links[offset])
     return rows
 
 

@@ -23,6 +23,8 @@ from agentruns.models import (
     Status,
     TerminationReason,
 )
+from agentruns.tools.gate import ToolGate
+from agentruns.tools.shown import executing_digest, shown_turn
 from agentruns.transitions._sql import RUN_FIELDS
 from agentruns.transitions._writer import (
     DbValue,
@@ -32,7 +34,6 @@ from agentruns.transitions._writer import (
 from agentruns.turns import (
     Decision,
     decided_digests,
-    executing_digest,
     read_pending_turn,
     stored_digest,
     with_decision,
@@ -68,19 +69,26 @@ def _show_written(run: AgentRun, values: Mapping[str, Any]) -> None:
 
 
 def _check_turn(run: AgentRun, *, expected_status: str, turn_digest: str | None) -> None:
-    """Refuse unless the run waits in ``expected_status`` on exactly the turn ``turn_digest`` and
-    that turn reads as ``turns.read_pending_turn`` shows it and is what would run: the digest
-    recomputed from the loop state (``turns.executing_digest``) equals it. ``UnreadableState``
-    otherwise."""
-    current = stored_digest(run.pending_turn)
-    if run.status == expected_status and turn_digest and current == turn_digest:
+    """Refuse unless the run waits in ``expected_status`` on exactly the turn ``turn_digest``
+    digests as a card shows it now (``tools.shown.shown_turn``: the stored calls, their tools
+    read from the run's gate) and that is what would run: the digest recomputed from the loop
+    state the same way (``tools.shown.executing_digest``) equals it. A stored turn that does not
+    read is ``UnreadableState`` (fail closed: never decide what nobody could be shown), as is a
+    card that is not what would run; a digest of another turn is ``AlreadyDecided``,
+    ``NotWaiting`` or ``StaleTurn``. Reads the registry and the tools' server rows afresh,
+    under the row lock."""
+    if run.status == expected_status and turn_digest:
         pending = read_pending_turn(run)
-        if not pending.readable:  # fail closed: never decide what nobody could be shown
-            raise UnreadableState(f"its pending turn cannot be read: {pending.problem}")
-        if executing_digest(run, pending) != turn_digest:
-            # What would run is not what was shown: the loop state and the card disagree.
-            raise UnreadableState("the turn that would run is not the turn shown")
-        return
+        if not pending.readable:
+            if stored_digest(run.pending_turn) == turn_digest:
+                raise UnreadableState(f"its pending turn cannot be read: {pending.problem}")
+        else:
+            gate = ToolGate.of(run)
+            if shown_turn(run, pending, gate=gate).turn_digest == turn_digest:
+                if executing_digest(run, pending, gate=gate) != turn_digest:
+                    # What would run is not what was shown: the loop state and the card disagree.
+                    raise UnreadableState("the turn that would run is not the turn shown")
+                return
     if turn_digest and turn_digest in decided_digests(run.loop_state):
         raise AlreadyDecided()
     if run.status != expected_status:

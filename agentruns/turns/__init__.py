@@ -13,7 +13,9 @@ that builds, parses and serialises them, and the only place that computes a turn
   waiting run: a turn whose shape, kind or digest does not agree reads as ``unreadable`` —
   shown without controls, the same way everywhere.
 
-Free of queries: it looks at the values it is given, nothing else.
+Free of queries: it looks at the values it is given, nothing else. What a card shows about each
+call's tool (effect, description, server) is read from the registry by
+``agentruns.tools.shown``, which digests the turn as shown with ``turn_digest``.
 """
 
 from agentruns.turns.calls import (
@@ -30,9 +32,9 @@ from agentruns.turns.calls import (
     turn_digest,
 )
 from agentruns.turns.checks import CheckStatus
+from agentruns.turns.origins import ServerOrigin, ToolOrigin
 from agentruns.turns.pending import (
     PendingTurn,
-    executing_digest,
     read_pending_turn,
     stored_digest,
     unreadable,
@@ -72,13 +74,14 @@ __all__ = [
     "PendingTurn",
     "Preview",
     "ReconciliationDecision",
+    "ServerOrigin",
+    "ToolOrigin",
     "Turn",
     "Unreadable",
     "Usage",
     "argument_order",
     "canonical_json",
     "decided_digests",
-    "executing_digest",
     "ordered_arguments",
     "parse_decision",
     "read_pending_turn",

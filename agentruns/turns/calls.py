@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 from agentruns.models import Effect
 
 if TYPE_CHECKING:
+    from agentruns.turns.origins import ToolOrigin
     from agentruns.turns.previews import Preview
 
 APPROVAL: Final = "approval"
@@ -58,8 +59,9 @@ def canonical_json(value: Any) -> str:
 def turn_digest(
     calls: Iterable[Call | Mapping[str, Any]], *, input_schema: Mapping[str, Any] | None = None
 ) -> str:
-    """SHA-256 of the canonical JSON of the calls (id, name and arguments) — what binds a human
-    decision to the turn the human saw (docs/design.md §5.3).
+    """SHA-256 of the canonical JSON of the calls (``Call.digested``: id, name, arguments,
+    preview and, for a call as a card shows it, its tool as shown) — what binds a human decision
+    to the turn the human saw (docs/design.md §5.3).
 
     The call id is included beside the name and arguments so that a model proposing the very
     same call in a later turn gets a new digest: a decision for the old turn is then "already
@@ -75,10 +77,9 @@ def turn_digest(
 
 
 def _digested_mapping(call: Mapping[str, Any]) -> dict[str, Any]:
-    digested = {"id": call.get("id"), "name": call.get("name"), "arguments": call.get("arguments")}
-    if call.get("preview") is not None:
-        digested["preview"] = call["preview"]
-    return digested
+    """A stored call's JSON digested exactly as the ``Call`` it parses into (``Unreadable`` when
+    it does not parse)."""
+    return Call.parse(dict(call), where="the call", effect_required=False).digested()
 
 
 # --- Calls ------------------------------------------------------------------------------------
@@ -122,6 +123,9 @@ class Call:
     detailed: bool = False
     # What the write will change, made when the turn suspended for approval; digested.
     preview: Preview | None = None
+    # Where its tool comes from, as the card shows it (``agentruns.tools.gate.ToolGate.shown``
+    # reads it now); ``None`` for a call as the model proposed it. Digested with the effect.
+    origin: ToolOrigin | None = None
 
     @property
     def effect_label(self) -> str:
@@ -132,10 +136,23 @@ class Call:
         return self.effect != Effect.READ
 
     def digested(self) -> dict[str, Any]:
-        """What a digest covers: id, name and arguments, and the preview when there is one."""
-        digested = {"id": self.id, "name": self.name, "arguments": self.arguments}
+        """What a digest covers: id, name and arguments, and the preview when there is one; for
+        a call as a card shows it (``origin`` set), everything else the card shows of it too:
+        its effect, whether its tool is known and needs a decision, its source and hints, and
+        where its tool comes from (description, MCP server). Display-only keys (the order of the
+        arguments' keys) are not digested."""
+        digested: dict[str, Any] = {"id": self.id, "name": self.name, "arguments": self.arguments}
         if self.preview is not None:
             digested["preview"] = self.preview.to_json()
+        if self.origin is not None:
+            digested.update(
+                effect=self.effect,
+                needs_approval=self.needs_approval,
+                known=self.known,
+                source=self.source,
+                hints=dict(self.hints),
+                origin=self.origin.to_json(),
+            )
         return digested
 
     def to_json(self) -> dict[str, Any]:
@@ -156,12 +173,15 @@ class Call:
             )
         if self.preview is not None:
             data["preview"] = self.preview.to_json()
+        if self.origin is not None:
+            data["origin"] = self.origin.to_json()
         return data
 
     @classmethod
     def parse(cls, raw: object, *, where: str, effect_required: bool = True) -> Call:
         """A stored call. Refuses a call without a string id or a tool name, and (unless
         ``effect_required`` is false) one whose effect is not a known effect."""
+        from agentruns.turns.origins import ToolOrigin  # origins builds on this module
         from agentruns.turns.previews import Preview  # previews builds on this module
 
         data = _object(raw, where)
@@ -190,6 +210,11 @@ class Call:
             preview=(
                 Preview.parse(data["preview"], where=f"{where}'s preview")
                 if data.get("preview") is not None
+                else None
+            ),
+            origin=(
+                ToolOrigin.parse(data["origin"], where=f"{where}'s origin")
+                if data.get("origin") is not None
                 else None
             ),
         )

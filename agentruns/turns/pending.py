@@ -27,7 +27,6 @@ from agentruns.turns.calls import (
     turn_digest,
 )
 from agentruns.turns.checks import CheckStatus
-from agentruns.turns.state import LoopState
 
 if TYPE_CHECKING:
     from agentruns.models import AgentRun
@@ -300,30 +299,3 @@ def stored_digest(raw_pending_turn: object) -> str:
 def waits_for_a_human(run: AgentRun) -> bool:
     """Whether the run's status is one of the waiting states a human resolves."""
     return run.status in _KIND_FOR_STATUS
-
-
-def executing_digest(run: AgentRun, pending: PendingTurn) -> str:
-    """The digest of what a decision on ``run`` would let run, computed from the turn the next
-    segment executes (``loop_state.turn``; for an in-doubt run, the call its fence stamped) —
-    never from the stored pending turn, which is only what was shown. ``""`` when there is no
-    such turn: nothing could be bound to it.
-
-    A decision is valid only when this equals both the stored pending turn's digest and the one
-    the human sent (docs/design.md §5.4).
-    """
-    if pending.kind == RECONCILIATION:
-        return PendingTurn.for_reconciliation(run).turn_digest
-    try:
-        turn = LoopState.parse(run.loop_state).turn
-    except Unreadable:
-        return ""
-    if turn is None:
-        return ""
-    if pending.kind == APPROVAL:
-        return turn_digest(turn.open_calls())
-    if pending.kind == INPUT and pending.call is not None:
-        call = turn.call(pending.call.id)
-        if call is None or pending.input_schema is None:
-            return ""
-        return turn_digest([call], input_schema=pending.input_schema)
-    return ""

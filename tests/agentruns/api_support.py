@@ -6,7 +6,8 @@ from typing import Any
 
 from agentruns.models import AgentConfiguration, AgentRun, Effect, Status
 from agentruns.services import runs
-from agentruns.turns import PendingTurn
+from agentruns.tools.shown import shown_turn
+from agentruns.turns import PendingTurn, read_pending_turn
 from tests.agentruns.factories import AgentConfigurationFactory
 
 NOTE_CALL = {"name": "create_note", "arguments": {"title": "t", "body": "b"}}
@@ -66,5 +67,13 @@ def in_doubt(user: Any = None, *, call: dict[str, Any] | None = None, **extra: A
 
 
 def digest(run: AgentRun) -> str:
+    """The digest the run's card sends now (``card_digest``)."""
     run.refresh_from_db()
-    return run.pending_turn["turn_digest"]
+    return card_digest(run)
+
+
+def card_digest(run: AgentRun) -> str:
+    """The digest the run's card shows (and sends) now: its stored turn shown by the run's gate
+    (``agentruns.tools.shown``)."""
+    run = AgentRun.objects.select_related("configuration").get(pk=run.pk)
+    return shown_turn(run, read_pending_turn(run)).turn_digest

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from agentruns.leases import Lease
 from agentruns.models import AgentConfiguration, AgentRun, Effect, Provider, Status
+from agentruns.tools.gate import ToolGate
 from agentruns.turns import Call, LoopState, PendingTurn, Turn, turn_digest
 
 HOLDER = "worker:test-host:1"
@@ -38,22 +39,24 @@ class UserFactory(factory.django.DjangoModelFactory):
             )
 
 
-# The pending turns of the waiting traits, built as the runtime and the reaper build them.
+# The gate of a configuration that allows every tool: how a card shows a call (its tool read
+# from the registry; the local tools here need no query).
+EVERY_TOOL = ToolGate(allowed=None, narrowed=None)
+# The pending turns of the waiting traits, built as the runtime builds them: each call as the
+# card shows it, so the stored digest is the one the card sends.
 WAITING_TURN = PendingTurn.for_approval(
     [
-        Call(
-            id="call_0_0",
-            name="create_note",
-            arguments={"title": "t", "body": "b"},
-            effect=Effect.NON_IDEMPOTENT_WRITE,
+        EVERY_TOOL.shown(
+            Call(id="call_0_0", name="create_note", arguments={"title": "t", "body": "b"})
         )
     ]
 )
 INPUT_TURN = PendingTurn.for_input(
-    Call(id="call_0_0", name="ask_user", arguments={}, effect=Effect.READ), {"type": "object"}
+    EVERY_TOOL.shown(Call(id="call_0_0", name="ask_user", arguments={})), {"type": "object"}
 )
-IN_DOUBT_CALL = Call(
-    id="call_0_0", name="create_note", arguments={"title": "t"}, effect=Effect.NON_IDEMPOTENT_WRITE
+IN_DOUBT_CALL = EVERY_TOOL.shown(
+    Call(id="call_0_0", name="create_note", arguments={"title": "t"}),
+    effect=Effect.NON_IDEMPOTENT_WRITE,
 )
 IN_DOUBT_TURN = PendingTurn(
     kind="reconciliation", turn_digest=turn_digest([IN_DOUBT_CALL]), calls=(IN_DOUBT_CALL,)

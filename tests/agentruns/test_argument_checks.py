@@ -10,8 +10,8 @@ import pytest
 
 from agentruns.models import Effect, Status
 from agentruns.services.runs import run_start_sync
-from agentruns.services.runtime.tool_step import ToolGate
 from agentruns.tools import Tool, invocation, registry
+from agentruns.tools.gate import ToolGate
 from tests.agentruns.runtime_support import call, config, tool_turn
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("scripted_recordings")]

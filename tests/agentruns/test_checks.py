@@ -31,6 +31,7 @@ from agentruns.tools import (
 from agentruns.tools.registry import ToolDefinitionError
 from playground.models import Note
 from playground.tools import check_call_webhook
+from tests.agentruns.api_support import card_digest
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 
 # Real commits: the check tasks are sent after commit, as in production.
@@ -75,7 +76,7 @@ def queued_for_approval(script: list[dict[str, Any]]) -> AgentRun:
         run_uuid=run.uuid,
         actor=UserFactory(permissions=[DECIDE, "playground.approve_webhooks"]),
         approved=True,
-        turn_digest=waiting.pending_turn["turn_digest"],
+        turn_digest=card_digest(waiting),
         mode="queued",
     )
     return run
@@ -159,7 +160,7 @@ def test_a_person_who_decides_first_wins_and_the_check_does_nothing(monkeypatch)
         run_uuid=run.uuid,
         actor=person,
         verdict="landed",
-        turn_digest=row(run).pending_turn["turn_digest"],
+        turn_digest=card_digest(run),
     )
 
     assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == checks.DECIDED_ELSEWHERE
@@ -301,7 +302,7 @@ def test_unknown_an_error_and_a_timeout_are_retried_with_backoff_then_left_to_a_
             run_uuid=run.uuid,
             actor=UserFactory(permissions=[DECIDE]),
             verdict="landed",
-            turn_digest=waiting.pending_turn["turn_digest"],
+            turn_digest=card_digest(waiting),
         )
         runs.run_process_queued(run_uuid=run.uuid)
         assert row(run).status == Status.COMPLETED
@@ -411,7 +412,7 @@ def webhook_in_doubt(receiver, **conf: Any) -> tuple[AgentRun, override_settings
         run_uuid=started.run.uuid,
         actor=UserFactory(permissions=[DECIDE, "playground.approve_webhooks"]),
         approved=True,
-        turn_digest=started.run.pending_turn["turn_digest"],
+        turn_digest=card_digest(started.run),
         mode="inline",
     )
     run = row(started.run)

@@ -20,6 +20,7 @@ from agentruns.services.runs import run_start_sync
 from agentruns.services.runtime import transcript
 from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.segment import continue_segment
+from tests.agentruns.api_support import card_digest
 from tests.agentruns.runtime_support import (
     assert_contiguous,
     assert_released,
@@ -193,7 +194,7 @@ def test_an_approval_applied_by_a_segment_that_died_mid_write_survives_reconcili
         run_uuid=run.uuid,
         actor=decider(),
         verdict="landed",
-        turn_digest=run.pending_turn["turn_digest"],
+        turn_digest=card_digest(run),
         mode="inline",
     )
 

@@ -211,7 +211,8 @@ def test_deny_at_the_deadline_tells_the_model_it_expired_and_continues_through_t
     # The model's next request carries the tool message saying so.
     [message] = tool_messages(sent(run)[-1]).values()
     assert EXPIRED_MESSAGE in message
-    assert verify_ledger(run).startswith("1 runs,") and "intact" in verify_ledger(run)
+    mode, summary = verify_ledger(run).splitlines()
+    assert mode.startswith("mode: ") and summary.startswith("1 runs,") and "intact" in summary
 
 
 def test_an_input_request_past_its_deadline_is_answered_as_expired(probes):

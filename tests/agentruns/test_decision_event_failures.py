@@ -27,7 +27,7 @@ from agentruns.models import AgentRun, AgentRunEvent, EventKind
 from agentruns.services import runs
 from agentruns.services.runtime.results import Outcome, SegmentResult
 from agentruns.transitions import _sql, decisions
-from agentruns.turns import read_pending_turn
+from tests.agentruns.api_support import card_digest
 from tests.agentruns.runtime_support import (
     call,
     config,
@@ -70,7 +70,7 @@ def waiting_for_reconciliation(probes: Any) -> AgentRun:
 
 
 def digest(run: AgentRun) -> str:
-    return read_pending_turn(AgentRun.objects.get(pk=run.pk)).turn_digest
+    return card_digest(run)
 
 
 Decide = Callable[[AgentRun], SegmentResult]

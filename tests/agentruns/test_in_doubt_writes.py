@@ -15,6 +15,7 @@ from agentruns.models import AgentRun, EventKind, Status
 from agentruns.services import runs
 from agentruns.services.runtime.results import Outcome
 from agentruns.turns import read_pending_turn
+from tests.agentruns.api_support import card_digest
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 from tests.agentruns.runtime_support import events
 
@@ -45,7 +46,7 @@ def test_a_webhook_that_answers_too_late_parks_the_run_in_doubt(holding_server, 
             run_uuid=run.uuid,
             actor=decider,
             approved=True,
-            turn_digest=read_pending_turn(run).turn_digest,
+            turn_digest=card_digest(run),
             mode="inline",
         )
 
@@ -76,7 +77,7 @@ def test_a_webhook_that_answers_too_late_parks_the_run_in_doubt(holding_server, 
         run_uuid=run.uuid,
         actor=decider,
         verdict="landed",
-        turn_digest=card.turn_digest,
+        turn_digest=card_digest(run),
         mode="inline",
     )
     assert done.outcome == Outcome.COMPLETED
@@ -99,7 +100,7 @@ def test_a_refused_connection_is_a_failure_the_model_sees():
             run_uuid=run.uuid,
             actor=decider,
             approved=True,
-            turn_digest=read_pending_turn(run).turn_digest,
+            turn_digest=card_digest(run),
             mode="inline",
         )
 

@@ -4,10 +4,12 @@ audit export verified by the README's standalone script. On SQLite and PostgreSQ
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from datetime import timezone as timezone_of
 from io import StringIO
 from pathlib import Path
 
@@ -60,13 +62,23 @@ def stream(run: AgentRun) -> list[AgentRunEvent]:
     return list(AgentRunEvent.objects.filter(run=run).order_by("sequence"))
 
 
-def verify(*args: str) -> tuple[int, str]:
+PLAIN_MODE = "mode: plain SHA-256 (no AGENTRUNS_LEDGER_KEY: a keyed event cannot be checked)\n"
+
+
+def verify(*args: str, mode: str = PLAIN_MODE) -> tuple[int, str]:
+    """The command's exit status and what it printed after its first line, which names the
+    mode it checked in (``mode``); bad arguments (2) are refused before anything is checked."""
     out = StringIO()
     try:
         call_command("verify_ledger", *args, stdout=out)
     except CommandError as exc:
-        return exc.returncode, out.getvalue() + str(exc)
-    return 0, out.getvalue()
+        printed, code = out.getvalue() + str(exc), exc.returncode
+    else:
+        printed, code = out.getvalue(), 0
+    if code == 2:
+        return code, printed
+    assert printed.startswith(mode), printed
+    return code, printed[len(mode) :]
 
 
 def sql(statement: str, params: list) -> None:
@@ -82,6 +94,7 @@ def test_every_event_chains_to_the_one_before_and_the_head_names_the_last():
     head = ledger.genesis(run.uuid)
     for event in events:
         assert event.prev_hash == head
+        assert (event.ledger_version, event.ledger_key) == (ledger.VERSION, "")
         assert event.hash == ledger.event_hash(
             event.prev_hash,
             run_uuid=run.uuid,
@@ -91,13 +104,17 @@ def test_every_event_chains_to_the_one_before_and_the_head_names_the_last():
             segment=event.segment,
             lease_epoch=event.lease_epoch,
             actor_id=event.actor_ref,
+            version=ledger.VERSION,
+            created_at=event.created_at,
+            duration_ms=event.duration_ms,
         )
         head = event.hash
     assert run.ledger_head == head
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
 @pytest.mark.parametrize("actor_id", [None, 7])
-def test_the_chain_hashes_exactly_the_documented_canonical_record(actor_id):
+def test_the_chain_hashes_exactly_the_documented_canonical_record(actor_id, keyed):
     """``chain`` builds the canonical text inline for speed: it must equal ``canonical``'s (and
     so the README's standalone verifier's) for any payload, kind, segment and actor."""
     from uuid import uuid4
@@ -122,9 +139,16 @@ def test_the_chain_hashes_exactly_the_documented_canonical_record(actor_id):
         2**64,
     ]
     kinds = [EventKind.TOOL, "custom", EventKind.LLM, EventKind.REQUEST, "Ünïcode", "tool"]
+    durations = [None, 0, 17, 2**31, None, 5]
     events = [
-        EventSpec(kind, payload, actor_id=actor_id)
-        for kind, payload in zip(kinds, payloads, strict=True)
+        EventSpec(kind, payload, actor_id=actor_id, duration_ms=ms)
+        for kind, payload, ms in zip(kinds, payloads, durations, strict=True)
+    ]
+    key = ledger.key_of("k" * 40) if keyed else None
+    # Microseconds of 0 are still written with six digits; another zone is written in UTC.
+    moments = [
+        datetime(2026, 12, 1, 23, 59, 59, 0, tzinfo=UTC),
+        datetime(2026, 12, 2, 1, 2, 3, 456789, tzinfo=timezone_of(timedelta(hours=5))),
     ]
     # Signers one after the other (``chain`` keeps the last one's text): each gets its own.
     signers = [
@@ -134,7 +158,8 @@ def test_the_chain_hashes_exactly_the_documented_canonical_record(actor_id):
         (uuid4(), "worker:h:2", 13),
         (run_uuid, 'seg "é" \\ 1', 12),
     ]
-    for signer_uuid, segment, epoch in signers:
+    for index, (signer_uuid, segment, epoch) in enumerate(signers):
+        moment = moments[index % 2]
         links, head = ledger.chain(
             run_uuid=signer_uuid,
             prev_hash=ledger.genesis(signer_uuid),
@@ -142,6 +167,8 @@ def test_the_chain_hashes_exactly_the_documented_canonical_record(actor_id):
             segment=segment,
             lease_epoch=epoch,
             events=events,
+            created_at=moment,
+            key=key,
         )
         prev = ledger.genesis(signer_uuid)
         for sequence, (spec, link) in enumerate(zip(events, links, strict=True), start=41):
@@ -153,9 +180,17 @@ def test_the_chain_hashes_exactly_the_documented_canonical_record(actor_id):
                 segment=segment,
                 lease_epoch=epoch,
                 actor_id=actor_id,
+                created_at=moment,
+                duration_ms=spec.duration_ms,
+                key_id=key.id if key else "",
             )
+            record = json.loads(text)
+            assert record["created_at"] == moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            assert (record["duration_ms"], record["v"]) == (spec.duration_ms, ledger.VERSION)
             assert type(link) is ledger.Link
-            assert link == ledger.Link(prev, ledger.link(prev, text))
+            secret = key.secret if key else None
+            expected = ledger.link(prev, text, secret)
+            assert link == ledger.Link(prev, expected, moment, key.id if key else "")
             prev = link.hash
         assert head == prev
 
@@ -165,13 +200,14 @@ def test_a_queued_run_starts_at_its_genesis_and_chains_from_its_claim():
     run = runs.run_enqueue(configuration=configuration, prompt="go")
     assert AgentRun.objects.get(pk=run.pk).ledger_head == ledger.genesis(run.uuid)
     runs.run_process_queued(run_uuid=run.uuid)
-    assert verify("--run", str(run.uuid)) == (0, f"1 runs, {len(stream(run))} events intact\n")
+    count = len(stream(run))
+    assert verify("--run", str(run.uuid)) == (0, f"1 runs, {count} events intact ({count} plain)\n")
 
 
 def test_verify_ledger_reports_intact_runs_and_counts_them():
     first, second = approved_run(), approved_run(floats=True)
     total = len(stream(first)) + len(stream(second))
-    assert verify() == (0, f"2 runs, {total} events intact\n")
+    assert verify() == (0, f"2 runs, {total} events intact ({total} plain)\n")
 
 
 def test_a_payload_changed_by_sql_is_named():
@@ -242,7 +278,8 @@ def test_run_and_since_narrow_what_is_verified_and_bad_arguments_exit_2():
     AgentRun.objects.filter(pk=old.pk).update(updated_at=timezone.now() - timedelta(days=10))
     AgentRunEvent.objects.filter(run=old).update(payload={"forged": True})
     since = (timezone.now() - timedelta(days=1)).date().isoformat()
-    assert verify("--since", since) == (0, f"1 runs, {len(stream(new))} events intact\n")
+    count = len(stream(new))
+    assert verify("--since", since) == (0, f"1 runs, {count} events intact ({count} plain)\n")
     assert verify("--run", str(new.uuid))[0] == 0
     assert verify("--run", str(old.uuid))[0] == 1
     assert verify("--run", "not-a-uuid")[0] == 2

@@ -37,6 +37,7 @@ from agentruns.tools import ToolContext, registry
 from agentruns.tools.mcp import McpRefused
 from agentruns.tools.mcp_client import call_remote_tool
 from agentruns.tools.mcp_sessions import session_scope
+from tests.agentruns.api_support import card_digest
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 from tests.agentruns.runtime_support import PROBE_NAMES, call, tool_turn
 from tests.support.mcp_stdio_server import read_calls, stdio_command
@@ -151,7 +152,7 @@ def test_a_write_that_landed_and_then_stalled_waits_for_reconciliation(tmp_path:
         run_uuid=run.uuid,
         actor=staff,
         verdict="landed",
-        turn_digest=run.pending_turn["turn_digest"],
+        turn_digest=card_digest(run),
         mode="inline",
     )
     assert resumed.outcome == Outcome.COMPLETED

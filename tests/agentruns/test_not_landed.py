@@ -25,6 +25,7 @@ from agentruns.models import AgentRun, EventKind, Status
 from agentruns.services import reaper, runs
 from agentruns.services.runtime.results import Outcome, SegmentResult
 from agentruns.turns import read_pending_turn
+from tests.agentruns.api_support import card_digest
 from tests.agentruns.runtime_support import (
     call,
     config,
@@ -94,7 +95,7 @@ def test_a_write_that_did_not_land_runs_again_only_after_a_new_approval(probes, 
     approval_digest = next(
         e.payload["turn_digest"] for e in events(run) if e.kind == EventKind.APPROVAL
     )
-    verdict_digest = read_pending_turn(run).turn_digest
+    verdict_digest = card_digest(run)
 
     result = continued(
         runs.run_reconcile(

@@ -619,10 +619,11 @@ def test_a_tool_that_raises_and_invalid_arguments_become_results_the_model_sees(
     assert_released(run)
 
 
-def test_a_tool_unregistered_after_its_turn_was_approved_is_an_unknown_tool_result(probes):
+def test_a_tool_unregistered_after_its_turn_was_approved_runs_nothing_and_asks_again(probes):
     """A turn naming a tool nobody registered cannot be approved (docs/design.md §5.6); one that
-    was approved while its tool existed meets an unknown tool when it executes, and the model is
-    told so."""
+    was approved while its tool existed is not what would run once the tool is gone (its card
+    would show an unknown tool, a non-idempotent write): nothing runs, a ``verification`` event
+    says why, and the run waits for a decision on a card that shows the tool unknown."""
     script = [tool_turn(call("probe_create", value="x")), {"content": "recovered"}]
     result = start(config(tools=["probe_create"]), script)
     assert result.outcome == Outcome.AWAITING_APPROVAL
@@ -638,13 +639,15 @@ def test_a_tool_unregistered_after_its_turn_was_approved_is_an_unknown_tool_resu
     registry.unregister("probe_create")
     finished = run_process_queued(run_uuid=result.run.uuid)
 
-    assert finished is not None and finished.outcome == Outcome.COMPLETED
+    assert finished is not None and finished.outcome == Outcome.AWAITING_APPROVAL
     run = finished.run
-    [tool_event] = [e for e in events(run) if e.kind == EventKind.TOOL]
-    assert tool_event.payload["ok"] is False
-    assert "unknown tool" in tool_event.payload["error"]
+    assert not [e for e in events(run) if e.kind == EventKind.TOOL]
+    (check,) = [e for e in events(run) if e.kind == EventKind.VERIFICATION]
+    assert check.payload["verdict"] == "mismatch"
+    run.refresh_from_db()
+    (shown,) = run.pending_turn["calls"]
+    assert shown["known"] is False and shown["effect"] == "non_idempotent_write"
     assert probes.seen == []  # no body ran
-    assert_released(run)
 
 
 def test_a_call_to_a_tool_outside_the_requests_narrowed_list_is_an_unknown_write(probes):

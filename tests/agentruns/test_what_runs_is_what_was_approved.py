@@ -19,7 +19,12 @@ from agentruns.services import runs
 from agentruns.services.runtime.results import Outcome
 from agentruns.turns import PendingTurn, read_pending_turn, turn_digest
 from playground.models import Note
-from tests.agentruns.api_support import digest, waiting_for_approval, waiting_for_input
+from tests.agentruns.api_support import (
+    card_digest,
+    digest,
+    waiting_for_approval,
+    waiting_for_input,
+)
 from tests.agentruns.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -91,7 +96,7 @@ def drop_the_turn(state: dict[str, Any]) -> None:
 def test_an_approval_of_a_card_that_is_not_what_would_run_is_refused(decider, mode, column, change):
     run = waiting_for_approval()
     edit(run, column, change)
-    shown = digest(run)
+    shown = card_digest(run)  # what the card shows now, and sends
     before = AgentRun.objects.values().get(pk=run.pk)
 
     with pytest.raises(UnreadableState):

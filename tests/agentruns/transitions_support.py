@@ -12,7 +12,8 @@ from typing import Any
 from django.utils import timezone
 
 from agentruns.leases import EventSpec, Lease
-from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status
+from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
+from agentruns.tools.gate import ToolGate
 from agentruns.transitions import run_start, run_suspend
 from agentruns.turns import Call, LoopState, PendingTurn, Turn
 from tests.agentruns.factories import AgentConfigurationFactory
@@ -21,7 +22,8 @@ ME = "interactive:host-a:100"
 WORKER = "worker:host-b:200"
 REAPER = "reaper:host-d:400"
 CALL = {"id": "call_1_0", "name": "create_note", "arguments": {"title": "t"}}
-TURN = PendingTurn.for_approval([Call(**CALL, effect=Effect.NON_IDEMPOTENT_WRITE)])
+# As the runtime builds it: the call as the card shows it (so DIGEST is the digest a card sends).
+TURN = PendingTurn.for_approval([ToolGate(allowed=None, narrowed=None).shown(Call(**CALL))])
 DIGEST = TURN.turn_digest
 
 

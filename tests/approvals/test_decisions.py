@@ -9,6 +9,7 @@ from django.urls import reverse
 from agentruns.models import AgentRun, AgentRunEvent, Status, TerminationReason
 from agentruns.services import runs
 from playground.models import Note
+from tests.agentruns.api_support import card_digest
 from tests.approvals.conftest import make_in_doubt_run, start_input_run, start_waiting_run
 
 pytestmark = pytest.mark.django_db
@@ -23,7 +24,7 @@ def shown_messages(response) -> list[str]:
 
 
 def decide(client, run, decision="approve", digest=None, **extra):
-    data = {"decision": decision, "turn_digest": digest or run.pending_turn["turn_digest"]}
+    data = {"decision": decision, "turn_digest": digest or card_digest(run)}
     return client.post(reverse("approvals:decide", args=[run.uuid]), {**data, **extra}, follow=True)
 
 
@@ -93,7 +94,7 @@ def test_a_missing_digest_is_refused_as_stale(client, decider, initiator):
 
 def test_the_second_decision_on_a_turn_is_already_decided(client, decider, colleague, initiator):
     run = start_waiting_run(initiator=initiator)
-    digest = run.pending_turn["turn_digest"]
+    digest = card_digest(run)
     client.force_login(decider)
     decide(client, run, digest=digest)
     client.force_login(colleague)
@@ -119,7 +120,7 @@ def test_self_approval_under_four_eyes_is_refused_but_self_denial_is_allowed(cli
 
 def test_a_run_that_is_not_waiting_anymore(client, decider, initiator):
     run = start_waiting_run(initiator=initiator)
-    digest = run.pending_turn["turn_digest"]
+    digest = card_digest(run)
     runs.run_cancel(run_uuid=run.uuid)
     client.force_login(decider)
     response = decide(client, run, digest=digest)
@@ -173,7 +174,7 @@ def test_a_get_cannot_decide(client, decider, initiator):
 def reconcile(client, run, verdict, digest=None):
     return client.post(
         reverse("approvals:reconcile", args=[run.uuid]),
-        {"verdict": verdict, "turn_digest": digest or run.pending_turn["turn_digest"]},
+        {"verdict": verdict, "turn_digest": digest or card_digest(run)},
         follow=True,
     )
 
@@ -216,7 +217,7 @@ def test_reconcile_abandon_settles_the_run(client, decider, initiator, monkeypat
 
 def test_reconcile_refusals(client, decider, colleague, initiator, monkeypatch):
     run = make_in_doubt_run(decider=decider, initiator=initiator, monkeypatch=monkeypatch)
-    digest = run.pending_turn["turn_digest"]
+    digest = card_digest(run)
     client.force_login(decider)
     assert shown_messages(reconcile(client, run, "landed", digest="f" * 64)) == [STALE]
     assert shown_messages(reconcile(client, run, "sideways")) == [

@@ -10,6 +10,7 @@ from django.urls import reverse
 
 from agentruns.models import AgentRun, Status
 from agentruns.turns import turn_digest
+from tests.agentruns.api_support import card_digest
 from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory
 from tests.approvals.conftest import (
     approval_turn,
@@ -50,7 +51,7 @@ def test_an_approval_card_shows_what_will_run_and_binds_the_buttons_to_it(
     # The badge says it in words (and an icon); colour is only a third signal.
     assert "<strong>Write</strong> <span>(non-idempotent: not safe to repeat)</span>" in html
     assert "&quot;title&quot;: &quot;Quarterly report&quot;" in html  # pretty-printed JSON
-    assert f'name="turn_digest" value="{run.pending_turn["turn_digest"]}"' in html
+    assert f'name="turn_digest" value="{card_digest(run)}"' in html
     assert '<button type="submit" name="decision" value="approve"' in html
     assert '<button type="submit" name="decision" value="deny"' in html
     assert "<fieldset>" in html and "<legend>Decide the call of run" in html
@@ -117,7 +118,7 @@ def test_a_reconciliation_card_shows_the_call_in_flight(client, decider, initiat
     assert "Its lease expired" in html and "<time datetime=" in html
     for verdict in ("landed", "not_landed", "abandon"):
         assert f'name="verdict" value="{verdict}"' in html
-    assert f'name="turn_digest" value="{run.pending_turn["turn_digest"]}"' in html
+    assert f'name="turn_digest" value="{card_digest(run)}"' in html
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from agentruns.input_forms import input_spec
 from agentruns.models import AgentRun, AgentRunEvent, Status
 from agentruns.services import runs
 from agentruns.turns import turn_digest
+from tests.agentruns.api_support import card_digest
 from tests.agentruns.factories import AgentRunFactory
 from tests.approvals.conftest import start_input_run, start_waiting_run
 from tests.approvals.html import heading_levels, headings_in_order, unlabelled_fields
@@ -21,7 +22,7 @@ STALE = "The pending action changed — review again."
 
 def submit(client, run, values, digest=None, follow=True):
     data = {f"run{run.pk}-{name}": value for name, value in values.items()}
-    data["turn_digest"] = digest or run.pending_turn["turn_digest"]
+    data["turn_digest"] = digest or card_digest(run)
     data["next"] = reverse("approvals:inbox")
     return client.post(reverse("approvals:input", args=[run.uuid]), data, follow=follow)
 
@@ -168,7 +169,7 @@ def test_invalid_values_for_a_changed_turn_show_the_current_turn(client, decider
     assert response.status_code == 422
     html = response.content.decode()
     assert STALE in html
-    assert f'name="turn_digest" value="{run.pending_turn["turn_digest"]}"' in html
+    assert f'name="turn_digest" value="{card_digest(run)}"' in html
     assert 'value="0000' not in html
 
 

@@ -1,10 +1,14 @@
-"""``manage.py verify_ledger [--run UUID] [--since DATE]``: prove that runs' histories are the
-ones that were written (``agentruns.audit.verify``).
+"""``manage.py verify_ledger [--run UUID] [--since DATE] [--allow-plain]``: prove that runs'
+histories are the ones that were written (``agentruns.audit.verify``).
 
-Exit status: 0 every run checked is intact ("N runs, M events intact"); 1 at least one is broken
-(each is named with its first bad sequence and what is wrong there: changed, missing, reordered,
-head mismatch); 2 bad arguments or no such run. ``call_command`` raises ``CommandError`` with
-that ``returncode`` for 1 and 2.
+The first line says which mode it checked in: plain SHA-256 (no ``AGENTRUNS_LEDGER_KEY``) or
+keyed HMAC-SHA256 under the configured key (its id). Exit status: 0 every run checked is intact
+("N runs, M events intact (… keyed, … plain, … version 1)"); 1 at least one is broken (each is
+named with its first bad sequence and what is wrong there: changed, missing, reordered, head
+mismatch, not keyed, downgraded); 2 bad arguments or no such run; 3 it cannot verify as asked:
+the ledger is keyed and no key is configured, the configured key is not the one its events were
+chained under, or the configured key cannot be read. ``call_command`` raises ``CommandError``
+with that ``returncode`` for 1, 2 and 3.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from agentruns import audit
+from agentruns.exceptions import LedgerKeyUnavailable
 from agentruns.models import AgentRun
 
 EXIT_BROKEN = 1
 EXIT_BAD_ARGUMENTS = 2
+EXIT_CANNOT_VERIFY = 3
 
 
 def _since(raw: str) -> datetime:
@@ -39,8 +45,9 @@ def _since(raw: str) -> datetime:
 class Command(BaseCommand):
     help = (
         "Verify the tamper-evident chain of every run's events (or one run's, or the runs "
-        "updated since a date). Exit status: 0 intact, 1 broken runs (each named with its "
-        "first bad sequence), 2 bad arguments or no such run."
+        "updated since a date), keyed under AGENTRUNS_LEDGER_KEY when it is set. Exit status: "
+        "0 intact, 1 broken runs (each named with its first bad sequence), 2 bad arguments or "
+        "no such run, 3 a keyed ledger without its key (or with another key)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -48,6 +55,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--since",
             help="Only runs updated on or after this date (YYYY-MM-DD, or an ISO date-time).",
+        )
+        parser.add_argument(
+            "--allow-plain",
+            action="store_true",
+            help="With a key configured, also accept events chained without it (written before "
+            "the key was set); they are counted apart. Anyone who can write the table could "
+            "have written those.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -70,9 +84,32 @@ class Command(BaseCommand):
                     f"not a date: {options['since']!r} (YYYY-MM-DD or an ISO date-time)",
                     returncode=EXIT_BAD_ARGUMENTS,
                 ) from None
-        report = audit.verify(run_uuid=run_uuid, since=since)
+        try:
+            report = audit.verify(
+                run_uuid=run_uuid, since=since, allow_plain=bool(options.get("allow_plain"))
+            )
+        except LedgerKeyUnavailable as exc:
+            self.stdout.write("mode: keyed HMAC-SHA256 (AGENTRUNS_LEDGER_KEY)")
+            raise CommandError(
+                f"cannot verify: {exc.message}", returncode=EXIT_CANNOT_VERIFY
+            ) from None
+        self.stdout.write(report.mode)
         for broken in report.broken:
             self.stdout.write(broken.line())
+        if report.needs_key:
+            raise CommandError(
+                "cannot verify: the ledger is keyed (HMAC-SHA256) and no key is configured; set "
+                "AGENTRUNS_LEDGER_KEY to the name of the environment variable holding its key",
+                returncode=EXIT_CANNOT_VERIFY,
+            )
+        if report.wrong_key:
+            assert report.key is not None
+            raise CommandError(
+                f"cannot verify: events were chained under the key "
+                f"{', '.join(sorted(report.wrong_key))}, not under the configured key "
+                f"{report.key.id}: the wrong key (or their key ids were altered)",
+                returncode=EXIT_CANNOT_VERIFY,
+            )
         if not report.intact:
             raise CommandError(report.summary(), returncode=EXIT_BROKEN)
         self.stdout.write(report.summary())

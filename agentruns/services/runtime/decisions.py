@@ -9,12 +9,12 @@ Applying it again (a segment that died before its first boundary) gives the same
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from agentruns.leases import EventSpec
 from agentruns.models import Effect, EventKind
 from agentruns.tools import ToolResult
+from agentruns.tools.gate import ToolGate
 from agentruns.turns import (
     ApprovalDecision,
     Call,
@@ -24,16 +24,15 @@ from agentruns.turns import (
     turn_digest,
 )
 
-#: The input schema a tool declares now (``None``: the tool is gone or asks for no input).
-SchemaOf = Callable[[str], dict[str, Any] | None]
 
-
-def apply_decision(state: LoopState, *, input_schema_of: SchemaOf) -> list[EventSpec]:
+def apply_decision(state: LoopState, *, gate: ToolGate) -> list[EventSpec]:
     """Take the stored decision out of ``state`` and apply it to ``state.turn``; the events that
     records (a reconciliation verdict: the in-doubt call's ``tool`` event).
 
     An approval or input is applied only to the turn it was given for: its digest is recomputed
-    from the turn about to run (an input's with the tool's schema now, ``input_schema_of``).
+    from the turn about to run, each call shown by the run's ``gate`` now (``ToolGate.shown``:
+    the effect, description and server it would run with), an input's with the tool's schema
+    now.
     On a mismatch nothing of it is applied — the turn waits for a decision again, with a fresh
     card — and a ``verification`` event says why.
     """
@@ -49,15 +48,17 @@ def apply_decision(state: LoopState, *, input_schema_of: SchemaOf) -> list[Event
             # Denied by the approval deadline (§5.11): the model is told it expired.
             turn.denied_by = decision.by if decision.by != "person" else ""
             return []
-        executing = turn_digest(turn.open_calls())
+        executing = turn_digest([gate.shown(call) for call in turn.open_calls()])
         if executing != decision.turn_digest:
             return [_mismatch(decision.kind, decision.turn_digest, executing)]
         turn.approved = True
         return []
     call = turn.call(decision.call_id)
-    schema = input_schema_of(call.name) if call is not None else None
+    schema = gate.input_schema(call.name) if call is not None else None
     executing = (
-        turn_digest([call], input_schema=schema) if call is not None and schema is not None else ""
+        turn_digest([gate.shown(call)], input_schema=schema)
+        if call is not None and schema is not None
+        else ""
     )
     if executing != decision.turn_digest:
         return [_mismatch(decision.kind, decision.turn_digest, executing)]

@@ -27,8 +27,8 @@ from agentruns.services.runtime.previews import (
 )
 from agentruns.services.runtime.results import EventObserver, Outcome, Stop
 from agentruns.services.runtime.ticker import LeaseTicker
-from agentruns.services.runtime.tool_step import ToolGate
 from agentruns.tools import Tool
+from agentruns.tools.gate import ToolGate
 from agentruns.transitions.deadlines import WaitDeadline
 from agentruns.turns import Call, LoopState, PendingTurn, Preview, Turn
 
@@ -173,8 +173,7 @@ class Pauses:
         return lost if lost.outcome == Outcome.CANCELLED else Stop(Outcome.SUSPEND_FAILED)
 
     def _suspend_for_input(self, call: Call, tool: Tool) -> Stop:
-        asking = Call(id=call.id, name=call.name, arguments=call.arguments, effect=str(tool.effect))
-        pending = PendingTurn.for_input(asking, tool.input_schema or {})
+        pending = PendingTurn.for_input(self.gate.shown(call), tool.input_schema or {})
         return self._suspend(Status.WAITING_FOR_INPUT, pending, Outcome.AWAITING_INPUT)
 
     # -- endings --

@@ -19,8 +19,8 @@ from agentruns.services.runtime.failures import provider_error, retry_policy, se
 from agentruns.services.runtime.pauses import Pauses
 from agentruns.services.runtime.results import Outcome, RetryScheduler, Stop
 from agentruns.services.runtime.ticker import LeaseTicker
-from agentruns.services.runtime.tool_step import ToolGate
 from agentruns.services.runtime.transcript import unique_call_ids
+from agentruns.tools.gate import ToolGate
 from agentruns.turns import Call, LoopState, Turn
 
 _NOT_YET = object()

@@ -49,7 +49,6 @@ from agentruns.services.runtime.results import (
     Waker,
 )
 from agentruns.services.runtime.tool_step import (
-    ToolGate,
     denied_event,
     execute_tool_call,
     refused_event,
@@ -60,6 +59,7 @@ from agentruns.services.runtime.transcript import (
     rehydrate,
 )
 from agentruns.tools import Tool
+from agentruns.tools.gate import ToolGate
 from agentruns.tools.invocation import argument_errors, overlay_input
 from agentruns.tools.mcp_sessions import SessionScope, session_scope
 from agentruns.turns import (
@@ -345,7 +345,7 @@ class RunSegment(ProviderStep):
     # -- the loop --
 
     def _loop(self) -> Stop:
-        decision_events = apply_decision(self.state, input_schema_of=self.gate.input_schema)
+        decision_events = apply_decision(self.state, gate=self.gate)
         if decision_events and (stop := self._boundary(decision_events)):
             return stop
         # Otherwise no boundary here: the claim that started this segment just renewed the

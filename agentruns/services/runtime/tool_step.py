@@ -1,5 +1,5 @@
-"""One tool call of a segment: which tools a run may use, the fence hook, and the call itself
-(docs/design.md §4).
+"""One tool call of a segment: the fence hook and the call itself (docs/design.md §4); which tools
+a run may use is ``agentruns.tools.gate``.
 
 ``before_tool`` is the fence hook, installed on every path that executes a tool: a write needs a
 lease on a persisted run (``WriteWithoutDurableExecution`` otherwise, before the tool body can
@@ -11,100 +11,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 from agentruns import conf, transitions
 from agentruns.exceptions import WriteWithoutDurableExecution
 from agentruns.leases import EventSpec, Lease
-from agentruns.models import WRITE_EFFECTS, AgentConfiguration, Effect, EventKind
+from agentruns.models import WRITE_EFFECTS, Effect, EventKind
 from agentruns.services.runtime import shutdown
 from agentruns.services.runtime.ticker import LeaseTicker
 from agentruns.services.runtime.transcript import DENIED_MESSAGE, EXPIRED_MESSAGE
-from agentruns.tools import Tool, ToolContext, ToolResult, invoke_tool, registry
+from agentruns.tools import Tool, ToolContext, ToolResult, invoke_tool
 from agentruns.turns import DEADLINE, Call
-
-# --- Which tools a run may use ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ToolGate:
-    """The tools a run may use: its configuration's list (empty: every registered tool), narrowed
-    by the run's request. A tool outside the gate is treated as an unknown non-idempotent write
-    that needs approval — it never runs unapproved."""
-
-    allowed: tuple[str, ...] | None
-    narrowed: tuple[str, ...] | None
-    # What ``offered`` listed, kept for the gate's life (one segment): listing every tool reads
-    # the enabled MCP servers, which would be a query per provider request.
-    _offered: list[dict[str, Any]] = field(default_factory=list, compare=False, repr=False)
-
-    @classmethod
-    def for_run(cls, configuration: AgentConfiguration, request: Mapping[str, Any]) -> ToolGate:
-        narrowed = request.get("tools") or None
-        return cls(
-            allowed=tuple(configuration.tools) if configuration.tools else None,
-            narrowed=tuple(narrowed) if isinstance(narrowed, list) else None,
-        )
-
-    def available(self, name: str) -> Tool | None:
-        if self.allowed is not None and name not in self.allowed:
-            return None
-        if self.narrowed is not None and name not in self.narrowed:
-            return None
-        return registry.get(name)
-
-    def effect(self, name: str) -> str:
-        tool = self.available(name)
-        return str(tool.effect if tool is not None else Effect.NON_IDEMPOTENT_WRITE)
-
-    def needs_approval(self, name: str) -> bool:
-        tool = self.available(name)
-        return True if tool is None else tool.needs_approval
-
-    def input_schema(self, name: str) -> dict[str, Any] | None:
-        tool = self.available(name)
-        return tool.input_schema if tool is not None else None
-
-    def offered(self) -> list[dict[str, Any]]:
-        """The OpenAI-style schemas of the tools offered to the model, in configured order:
-        listed once per gate (per segment), so a tool registered or a server enabled meanwhile
-        is offered from the next segment on. Whether a call may run is never read from this
-        list: ``available`` resolves the tool afresh for every call (a server disabled or an
-        approval switch turned on counts at once: its call is unknown or waits for approval)."""
-        if not self._offered:
-            self._offered.extend(self._list_offered())
-        return [dict(schema) for schema in self._offered]
-
-    def _list_offered(self) -> list[dict[str, Any]]:
-        names = self.allowed or tuple(t.name for t in registry.all())
-        offered = []
-        for name in names:
-            if self.narrowed is not None and name not in self.narrowed:
-                continue
-            tool = registry.get(name)
-            if tool is not None:
-                offered.append(tool.openai_schema())
-        return offered
-
-    def shown(self, call: Call) -> Call:
-        """``call`` as an approver is shown it: its effect, whether it needs a decision, whether
-        its tool is known, where it comes from and the tool's hints."""
-        tool = self.available(call.name)
-        return Call(
-            id=call.id,
-            name=call.name,
-            arguments=call.arguments,
-            effect=call.effect or self.effect(call.name),
-            needs_approval=tool is None or tool.needs_approval,
-            known=tool is not None,
-            source=tool.source if tool is not None else "unknown",
-            hints=dict(tool.hints) if tool is not None else {},
-            detailed=True,
-            preview=call.preview,
-        )
-
 
 # --- The fence hook and the call ----------------------------------------------------------------
 
