@@ -8,7 +8,9 @@ class AgentrunsConfig(AppConfig):
 
     def ready(self) -> None:
         """Let the tool registry resolve remote (MCP) tools, and let a django-q2 cluster told
-        to stop tell its workers (``services.runtime.shutdown``). Idempotent."""
+        to stop tell its workers (``services.runtime.shutdown``), and register the checks of the
+        ``AGENTRUNS`` setting (``system_checks``). Idempotent."""
+        from agentruns import system_checks  # noqa: F401  (registers its checks)
         from agentruns.services.runtime import shutdown
         from agentruns.tools import mcp
 

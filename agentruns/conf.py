@@ -1,9 +1,14 @@
-"""The ``AGENTRUNS`` settings: the documented defaults, a project's overrides, the environment.
+"""The ``AGENTRUNS`` settings: the documented defaults, a project's overrides, the environment,
+read into one typed, frozen ``AgentrunsSettings``.
 
 Every name has its default here, so a project that defines no ``AGENTRUNS`` setting at all gets
 them. A project that wants the ``AGENTRUNS_<NAME>`` environment overrides builds its setting with
-``settings_from_env(os.environ)`` (``config.settings.base`` does). ``get`` reads the project's
-value first and falls back to the default, per name.
+``settings_from_env(os.environ)`` (``config.settings.base`` does). ``app_settings()`` is the one
+way the code reads them: the project's value per name over the default, each parsed and checked
+once, cached until Django's ``setting_changed`` (``override_settings``) says ``AGENTRUNS``
+changed. A bad value never fails an import: ``manage.py check`` reports it
+(``agentruns.system_checks``, the ids of ``Problem``), and ``app_settings()`` refuses it with
+``ImproperlyConfigured`` naming the setting.
 
 Must not import Django models or the host project: settings modules import this one.
 """
@@ -11,12 +16,21 @@ Must not import Django models or the host project: settings modules import this 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import difflib
+import math
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+
+from agentruns.outbound import allowlist_entry_problem
 
 DEFAULTS: dict[str, Any] = {
     # Seconds a segment's lease lasts; renewed at every step boundary and every third of it.
@@ -87,25 +101,359 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def _parse(name: str, raw: str, default: Any) -> Any:
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
+ENV_PREFIX_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentrunsSettings:
+    """The ``AGENTRUNS`` settings, parsed and checked: one field per name of ``DEFAULTS``, in
+    lower case (``LEASE_SECONDS`` → ``lease_seconds``). Seconds may be fractions."""
+
+    lease_seconds: float
+    max_requeues: int
+    max_iterations: int
+    tool_timeout_seconds: float
+    max_prompt_chars: int
+    max_argument_chars: int
+    preview_timeout_seconds: float
+    redispatch_seconds: float
+    stop_grace_seconds: float
+    retry_backoff_seconds: float
+    reconcile_checks: int
+    webhook_allowlist: tuple[str, ...]
+    mcp_stdio_allowed: bool
+    secret_env_prefixes: tuple[str, ...]
+    reaper_interval_minutes: int
+    retention_days: int
+    metrics_token: str
+    notify_interval: int
+    notify_email: bool
+    notify_webhook_timeout_seconds: float
+    site_url: str
+    cost_currency: str
+    user_daily_budget: Decimal | None
+    prepared_statements: bool
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the ``AGENTRUNS`` setting. ``id`` is the system check's without the
+    ``agentruns.`` prefix: ``E…`` an error ``app_settings()`` refuses, ``W…`` a warning it lets
+    through (the value is ignored or kept as documented)."""
+
+    id: str
+    name: str
+    message: str
+    hint: str = ""
+
+    @property
+    def is_error(self) -> bool:
+        return self.id.startswith("E")
+
+
+# The ids, each with what it means (README "Checking the settings").
+NOT_A_DICT = "E001"  # AGENTRUNS is not a dict
+WRONG_TYPE = "E002"  # a value that does not parse as its type
+OUT_OF_RANGE = "E003"  # a value outside its range (or empty where it may not be)
+BAD_ALLOWLIST_ENTRY = "E004"  # a WEBHOOK_ALLOWLIST entry that is not host, host:port, IP, [v6]:port
+BAD_SECRET_PREFIX = "E005"  # a SECRET_ENV_PREFIXES entry that no variable name can start with
+UNKNOWN_NAME = "W001"  # a name AGENTRUNS does not know (likely a typo): ignored
+EMPTY_SECRET_PREFIX = "W002"  # an empty SECRET_ENV_PREFIXES entry: ignored, never a wildcard
+
+
+class _Bad(Exception):
+    def __init__(self, id: str, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.id = id
+        self.message = message
+        self.hint = hint
+
+
+Parser = Callable[[str, Any], Any]
+
+
+def _shown(name: str, raw: Any) -> str:
+    return f"AGENTRUNS_{name}={raw!r}"
+
+
+def _integer(minimum: int) -> Parser:
+    def parse(name: str, raw: Any) -> int:
+        value: int | None = None
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            value = raw
+        elif isinstance(raw, float) and raw.is_integer():
+            value = int(raw)
+        elif isinstance(raw, str):
+            try:
+                value = int(raw.strip())
+            except ValueError:
+                value = None
+        if value is None:
+            raise _Bad(WRONG_TYPE, f"{_shown(name, raw)} is not an integer")
+        if value < minimum:
+            raise _Bad(OUT_OF_RANGE, f"{_shown(name, raw)} must be {minimum} or more")
+        return value
+
+    return parse
+
+
+def _seconds(*, zero: bool) -> Parser:
+    """A number of seconds (fractions allowed), above 0 (or 0 and more when ``zero``)."""
+
+    def parse(name: str, raw: Any) -> float:
+        value: float | None = None
+        if isinstance(raw, int | float) and not isinstance(raw, bool):
+            value = float(raw)
+        elif isinstance(raw, str):
+            try:
+                value = float(raw.strip())
+            except ValueError:
+                value = None
+        if value is None or not math.isfinite(value):
+            raise _Bad(WRONG_TYPE, f"{_shown(name, raw)} is not a number of seconds")
+        if value < 0 or (value == 0 and not zero):
+            bound = "0 or more" if zero else "more than 0"
+            raise _Bad(OUT_OF_RANGE, f"{_shown(name, raw)} must be {bound}")
+        return value
+
+    return parse
+
+
+def _boolean(name: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in TRUE_WORDS | FALSE_WORDS:
+        return raw.strip().lower() in TRUE_WORDS
+    raise _Bad(WRONG_TYPE, f"{_shown(name, raw)} is not a boolean (True/False, on/off)")
+
+
+def _text(name: str, raw: Any) -> str:
+    if not isinstance(raw, str):
+        raise _Bad(WRONG_TYPE, f"{_shown(name, raw)} is not a string")
+    return raw
+
+
+def _currency(name: str, raw: Any) -> str:
+    text = _text(name, raw).strip()
+    if not text:
+        raise _Bad(OUT_OF_RANGE, f"{_shown(name, raw)} may not be empty", "e.g. USD or EUR")
+    return text
+
+
+def _site_url(name: str, raw: Any) -> str:
+    text = _text(name, raw).strip()
+    if text:
+        parts = urlsplit(text)
+        if parts.scheme not in {"http", "https"} or not parts.netloc:
+            raise _Bad(
+                OUT_OF_RANGE,
+                f"{_shown(name, raw)} is not an http(s) URL",
+                "e.g. https://leasehold.example, or empty for links that are paths only",
+            )
+    return text
+
+
+def _names(name: str, raw: Any) -> tuple[str, ...]:
+    """A list (or tuple) of strings, or one comma-separated string; blank entries dropped."""
+    if isinstance(raw, str):
+        raw = raw.split(",")
+    if not isinstance(raw, list | tuple) or not all(isinstance(item, str) for item in raw):
+        raise _Bad(WRONG_TYPE, f"{_shown(name, raw)} is not a list of strings")
+    return tuple(item.strip() for item in raw if item.strip())
+
+
+def _allowlist(name: str, raw: Any) -> tuple[str, ...]:
+    entries = _names(name, raw)
+    for entry in entries:
+        problem = allowlist_entry_problem(entry)
+        if problem is not None:
+            raise _Bad(
+                BAD_ALLOWLIST_ENTRY,
+                f"AGENTRUNS_{name}: {entry!r} {problem}",
+                "each entry is host, host:port, an IP address or [IPv6]:port (no scheme, no path)",
+            )
+    return entries
+
+
+def _prefixes(name: str, raw: Any) -> tuple[str, ...]:
+    prefixes = _names(name, raw)
+    for prefix in prefixes:
+        if not ENV_PREFIX_RE.fullmatch(prefix):
+            raise _Bad(
+                BAD_SECRET_PREFIX,
+                f"AGENTRUNS_{name}: no environment variable name starts with {prefix!r}",
+                "a prefix is letters, digits and _, not starting with a digit (e.g. LEASEHOLD_)",
+            )
+    return prefixes
+
+
+def _budget(name: str, raw: Any) -> Decimal | None:
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float | Decimal):
+        raise _Bad(WRONG_TYPE, f"{_shown(name, raw)} is not a decimal")
     try:
-        if isinstance(default, bool):
-            lowered = raw.strip().lower()
-            if lowered in {"1", "true", "yes", "on"}:
-                return True
-            if lowered in {"0", "false", "no", "off", ""}:
-                return False
-            raise ValueError(raw)
-        if isinstance(default, int):
+        value = Decimal(str(raw).strip())
+    except InvalidOperation:
+        raise _Bad(WRONG_TYPE, f"{_shown(name, raw)} is not a decimal") from None
+    if not value.is_finite() or value < 0:
+        raise _Bad(OUT_OF_RANGE, f"{_shown(name, raw)} must be a decimal of 0 or more")
+    return value
+
+
+PARSERS: dict[str, Parser] = {
+    "LEASE_SECONDS": _seconds(zero=False),
+    "MAX_REQUEUES": _integer(0),
+    "MAX_ITERATIONS": _integer(1),
+    "TOOL_TIMEOUT_SECONDS": _seconds(zero=False),
+    "MAX_PROMPT_CHARS": _integer(1),
+    "MAX_ARGUMENT_CHARS": _integer(1),
+    "PREVIEW_TIMEOUT_SECONDS": _seconds(zero=False),
+    "REDISPATCH_SECONDS": _seconds(zero=False),
+    "STOP_GRACE_SECONDS": _seconds(zero=True),
+    "RETRY_BACKOFF_SECONDS": _seconds(zero=True),
+    "RECONCILE_CHECKS": _integer(0),
+    "WEBHOOK_ALLOWLIST": _allowlist,
+    "MCP_STDIO_ALLOWED": _boolean,
+    "SECRET_ENV_PREFIXES": _prefixes,
+    "REAPER_INTERVAL_MINUTES": _integer(1),
+    "RETENTION_DAYS": _integer(0),
+    "METRICS_TOKEN": _text,
+    "NOTIFY_INTERVAL": _integer(0),
+    "NOTIFY_EMAIL": _boolean,
+    "NOTIFY_WEBHOOK_TIMEOUT_SECONDS": _seconds(zero=False),
+    "SITE_URL": _site_url,
+    "COST_CURRENCY": _currency,
+    "USER_DAILY_BUDGET": _budget,
+    "PREPARED_STATEMENTS": _boolean,
+}
+
+
+def _warnings(configured: Mapping[Any, Any]) -> list[Problem]:
+    found: list[Problem] = []
+    for key in configured:
+        if key not in DEFAULTS:
+            close = difflib.get_close_matches(str(key), list(DEFAULTS), n=1)
+            found.append(
+                Problem(
+                    UNKNOWN_NAME,
+                    str(key),
+                    f"AGENTRUNS[{key!r}] is not a Leasehold setting; it is ignored",
+                    f"did you mean {close[0]!r}?" if close else "see agentruns.conf.DEFAULTS",
+                )
+            )
+    prefixes = configured.get("SECRET_ENV_PREFIXES")
+    # One empty string is an empty list (no secret at all, on purpose); a blank entry among
+    # others, or an empty entry in a list, is a likely mistake.
+    entries = (
+        (prefixes.split(",") if prefixes.strip() else []) if isinstance(prefixes, str) else prefixes
+    )
+    if isinstance(entries, list | tuple) and any(
+        isinstance(entry, str) and not entry.strip() for entry in entries
+    ):
+        found.append(
+            Problem(
+                EMPTY_SECRET_PREFIX,
+                "SECRET_ENV_PREFIXES",
+                f"{_shown('SECRET_ENV_PREFIXES', prefixes)} has an empty entry; it is ignored "
+                "(an empty prefix never allows every variable)",
+                "remove the empty entry; an empty list allows no secret at all",
+            )
+        )
+    return found
+
+
+def read(configured: object) -> tuple[AgentrunsSettings | None, list[Problem]]:
+    """``configured`` (the project's ``AGENTRUNS``; ``None`` when it has none) over the
+    defaults: the settings, or ``None`` when any value is an error, and every problem found."""
+    if configured is None:
+        configured = {}
+    if not isinstance(configured, Mapping):
+        message = f"AGENTRUNS must be a dict, not {type(configured).__name__}"
+        return None, [Problem(NOT_A_DICT, "AGENTRUNS", message)]
+    problems = _warnings(configured)
+    values: dict[str, Any] = {}
+    for name, parse in PARSERS.items():
+        raw = configured[name] if name in configured else DEFAULTS[name]
+        try:
+            values[name.lower()] = parse(name, raw)
+        except _Bad as bad:
+            problems.append(Problem(bad.id, name, bad.message, bad.hint))
+    if any(problem.is_error for problem in problems):
+        return None, problems
+    return AgentrunsSettings(**values), problems
+
+
+# --- The cached settings ---------------------------------------------------------------------
+
+_lock = threading.Lock()
+_cached: AgentrunsSettings | None = None
+_generation = 0
+
+
+def app_settings() -> AgentrunsSettings:
+    """The ``AGENTRUNS`` settings, read once and cached until the setting changes.
+
+    Raises ``ImproperlyConfigured`` naming the first bad setting (and its check id) while any
+    value is an error; nothing is cached then, so every read refuses until it is fixed.
+    """
+    cached = _cached
+    if cached is not None:
+        return cached
+    return _load()
+
+
+def _load() -> AgentrunsSettings:
+    global _cached
+    generation = _generation
+    built, problems = read(getattr(settings, "AGENTRUNS", None))
+    if built is None:
+        error = next(problem for problem in problems if problem.is_error)
+        raise ImproperlyConfigured(f"{error.message} (manage.py check: agentruns.{error.id})")
+    with _lock:
+        if generation == _generation:  # else the setting changed while it was read
+            _cached = built
+    return built
+
+
+def reset() -> None:
+    """Forget the cached settings: the next ``app_settings()`` reads them again."""
+    global _cached, _generation
+    with _lock:
+        _generation += 1
+        _cached = None
+
+
+def _setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "AGENTRUNS":
+        reset()
+
+
+setting_changed.connect(_setting_changed, dispatch_uid="agentruns.conf.setting_changed")
+
+
+# --- The environment -------------------------------------------------------------------------
+
+
+def _parse(raw: str, default: Any) -> Any:
+    """``raw`` as its default's type; the text itself when it does not parse (the check and
+    ``app_settings()`` then report it, naming the variable)."""
+    if isinstance(default, bool):
+        lowered = raw.strip().lower()
+        if lowered in TRUE_WORDS:
+            return True
+        if lowered in FALSE_WORDS:
+            return False
+        return raw
+    if isinstance(default, int):
+        try:
             return int(raw)
-        if isinstance(default, float):
-            return float(raw)
-        if isinstance(default, list | tuple):
-            return [item.strip() for item in raw.split(",") if item.strip()]
-    except ValueError as exc:
-        raise ImproperlyConfigured(
-            f"AGENTRUNS_{name}={raw!r} is not a valid {type(default).__name__}"
-        ) from exc
+        except ValueError:
+            return raw
+    if isinstance(default, list | tuple):
+        return [item.strip() for item in raw.split(",") if item.strip()]
     return raw
 
 
@@ -115,41 +463,15 @@ def parse_env_overrides(defaults: Mapping[str, Any], environ: Mapping[str, str])
     for name, default in defaults.items():
         raw = environ.get(f"AGENTRUNS_{name}")
         if raw is not None:
-            result[name] = _parse(name, raw, default)
+            result[name] = _parse(raw, default)
     return result
 
 
 def settings_from_env(environ: Mapping[str, str]) -> dict:
     """A complete ``AGENTRUNS`` setting: ``DEFAULTS`` with the environment's overrides applied.
 
-    Raises ``ImproperlyConfigured`` for a value that does not parse as its default's type, or a
-    ``USER_DAILY_BUDGET`` that is neither empty nor a decimal of 0 or more.
+    Never raises: a value that does not parse (``AGENTRUNS_MAX_REQUEUES=three``) is kept as its
+    text, so the settings module always imports; ``manage.py check`` reports it and
+    ``app_settings()`` refuses it, naming the variable.
     """
-    parsed = parse_env_overrides(DEFAULTS, environ)
-    budget = str(parsed["USER_DAILY_BUDGET"]).strip()
-    if budget:
-        try:
-            valid = Decimal(budget).is_finite() and Decimal(budget) >= 0
-        except InvalidOperation:
-            valid = False
-        if not valid:
-            raise ImproperlyConfigured(
-                f"AGENTRUNS_USER_DAILY_BUDGET={budget!r} is not a decimal of 0 or more"
-            )
-    return parsed
-
-
-def get(name: str) -> Any:
-    """One ``AGENTRUNS`` value, read at call time so ``override_settings`` works in tests.
-
-    The project's ``AGENTRUNS[name]`` when it has one (the setting may be absent or partial),
-    else the default. Raises ``ImproperlyConfigured`` for a name that has no default.
-    """
-    # ``settings`` keeps a value it served until a setting changes (``LazySettings``): after the
-    # first read this is a dictionary lookup, with no cache here to go stale.
-    configured = getattr(settings, "AGENTRUNS", None) or {}
-    if name in configured:
-        return configured[name]
-    if name in DEFAULTS:
-        return DEFAULTS[name]
-    raise ImproperlyConfigured(f"Unknown AGENTRUNS setting {name!r}")
+    return parse_env_overrides(DEFAULTS, environ)

@@ -200,11 +200,11 @@ class AgentConfiguration(models.Model):
         if self.on_approval_timeout not in ApprovalTimeoutAction.values:
             errors["on_approval_timeout"] = "Choose deny or fail."
         if self.notify_webhook_url:
-            from agentruns import conf
+            from agentruns.conf import app_settings
             from agentruns.outbound import WebhookRefused, webhook_target
 
             try:
-                webhook_target(self.notify_webhook_url, list(conf.get("WEBHOOK_ALLOWLIST")))
+                webhook_target(self.notify_webhook_url, list(app_settings().webhook_allowlist))
             except WebhookRefused as refused:
                 errors["notify_webhook_url"] = str(refused)
         if errors:

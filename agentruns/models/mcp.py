@@ -120,14 +120,14 @@ class McpServer(models.Model):
         return self.requires_approval is not False
 
     def clean(self) -> None:
-        from agentruns import conf
+        from agentruns.conf import app_settings
 
         errors: dict[str, str] = {}
         if self.transport == McpTransport.STREAMABLE_HTTP:
             if not self.url:
                 errors["url"] = "A streamable HTTP server needs a URL."
         elif self.transport == McpTransport.STDIO:
-            if not conf.get("MCP_STDIO_ALLOWED"):
+            if not app_settings().mcp_stdio_allowed:
                 errors["transport"] = "stdio servers are off (AGENTRUNS['MCP_STDIO_ALLOWED'])."
             elif not self.command.strip():
                 errors["command"] = "A stdio server needs a command."

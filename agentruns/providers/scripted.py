@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
-from agentruns import conf
+from agentruns.conf import app_settings
 from agentruns.providers.base import ErrorKind, ProviderError, ProviderReply, ToolCall
 
 _TURN_KEYS = frozenset({"content", "tool_calls", "error", "times", "delay", "usage"})
@@ -98,10 +98,10 @@ def _validate_turn(index: int, turn: Any) -> None:
                 raise _invalid(f"{call_where}: 'arguments' must be an object.")
     if "delay" in turn and (not _is_number(turn["delay"]) or turn["delay"] < 0):
         raise _invalid(f"{where}: 'delay' must be a finite, non-negative number of seconds.")
-    if "delay" in turn and turn["delay"] > float(conf.get("TOOL_TIMEOUT_SECONDS")):
+    if "delay" in turn and turn["delay"] > app_settings().tool_timeout_seconds:
         raise _invalid(
             f"{where}: 'delay' may not exceed the tool timeout "
-            f"({conf.get('TOOL_TIMEOUT_SECONDS')} s, AGENTRUNS_TOOL_TIMEOUT_SECONDS)."
+            f"({app_settings().tool_timeout_seconds:g} s, AGENTRUNS_TOOL_TIMEOUT_SECONDS)."
         )
     if "usage" in turn and turn["usage"] is not None:
         usage = turn["usage"]

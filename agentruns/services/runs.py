@@ -11,13 +11,14 @@ import logging
 from typing import Any, cast
 from uuid import UUID
 
-from agentruns import conf, selectors, transitions
+from agentruns import selectors, transitions
 from agentruns.authority import (
     DECIDE_PERMISSION,
     Decider,
     cancel_authority,
     start_authority,
 )
+from agentruns.conf import app_settings
 from agentruns.exceptions import (
     ConfigurationNotFound,
     InvalidRequest,
@@ -83,7 +84,7 @@ def build_request(
         raise InvalidRequest("prompt must be a non-empty string", field="prompt")
     if (problem := text_problem(prompt)) is not None:
         raise InvalidRequest(f"prompt holds {problem}", field="prompt")
-    limit = int(conf.get("MAX_PROMPT_CHARS"))
+    limit = app_settings().max_prompt_chars
     if len(prompt) > limit:
         raise InvalidRequest(
             f"prompt is {len(prompt)} characters; at most {limit} are accepted "
@@ -128,7 +129,7 @@ def build_request(
         request["system_prompt"] = options["system_prompt"]
     if options.get("max_iterations") is not None:
         cap = options["max_iterations"]
-        limit = int(conf.get("MAX_ITERATIONS"))
+        limit = app_settings().max_iterations
         if not isinstance(cap, int) or isinstance(cap, bool) or not 1 <= cap <= limit:
             raise InvalidRequest(
                 f"max_iterations must be an integer from 1 to {limit}", field="max_iterations"
