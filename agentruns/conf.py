@@ -389,32 +389,36 @@ def read(configured: object) -> tuple[AgentrunsSettings | None, list[Problem]]:
 # --- The cached settings ---------------------------------------------------------------------
 
 _lock = threading.Lock()
-_cached: AgentrunsSettings | None = None
+# The settings, and the ``AGENTRUNS`` object they were read from: a setting replaced without
+# ``setting_changed`` (``monkeypatch.setattr(settings, "AGENTRUNS", …)``) is a different object.
+_cached: tuple[object, AgentrunsSettings] | None = None
 _generation = 0
 
 
 def app_settings() -> AgentrunsSettings:
-    """The ``AGENTRUNS`` settings, read once and cached until the setting changes.
+    """The ``AGENTRUNS`` settings, read once and cached until the setting changes (Django's
+    ``setting_changed``, or another ``AGENTRUNS`` object in its place).
 
     Raises ``ImproperlyConfigured`` naming the first bad setting (and its check id) while any
     value is an error; nothing is cached then, so every read refuses until it is fixed.
     """
+    configured = getattr(settings, "AGENTRUNS", None)
     cached = _cached
-    if cached is not None:
-        return cached
-    return _load()
+    if cached is not None and cached[0] is configured:
+        return cached[1]
+    return _load(configured)
 
 
-def _load() -> AgentrunsSettings:
+def _load(configured: object) -> AgentrunsSettings:
     global _cached
     generation = _generation
-    built, problems = read(getattr(settings, "AGENTRUNS", None))
+    built, problems = read(configured)
     if built is None:
         error = next(problem for problem in problems if problem.is_error)
         raise ImproperlyConfigured(f"{error.message} (manage.py check: agentruns.{error.id})")
     with _lock:
         if generation == _generation:  # else the setting changed while it was read
-            _cached = built
+            _cached = (configured, built)
     return built
 
 

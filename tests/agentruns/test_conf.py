@@ -62,6 +62,14 @@ def test_the_settings_are_read_once_and_refreshed_when_the_setting_changes(setti
     assert app_settings().webhook_allowlist == ("hooks.example",)
 
 
+def test_a_setting_replaced_without_the_signal_is_read_again(monkeypatch) -> None:
+    from django.conf import settings
+
+    assert app_settings().max_requeues == conf.DEFAULTS["MAX_REQUEUES"]
+    monkeypatch.setattr(settings, "AGENTRUNS", {**settings.AGENTRUNS, "MAX_REQUEUES": 5})
+    assert app_settings().max_requeues == 5
+
+
 def test_a_changed_setting_is_never_hidden_by_a_read_that_was_in_flight(settings) -> None:
     """A read that began before ``setting_changed`` must not cache the old value after it."""
     started, release = threading.Event(), threading.Event()
