@@ -17,20 +17,36 @@ from __future__ import annotations
 
 import copy
 import difflib
-import math
-import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-from agentruns.outbound import allowlist_entry_problem
+from agentruns.conf_values import (
+    EMPTY_SECRET_PREFIX,
+    FALSE_WORDS,
+    NOT_A_DICT,
+    TRUE_WORDS,
+    UNKNOWN_NAME,
+    Invalid,
+    Parser,
+    Problem,
+    parse_allowlist,
+    parse_boolean,
+    parse_budget,
+    parse_currency,
+    parse_integer,
+    parse_prefixes,
+    parse_seconds,
+    parse_site_url,
+    parse_text,
+    shown,
+)
 
 DEFAULTS: dict[str, Any] = {
     # Seconds a segment's lease lasts; renewed at every step boundary and every third of it.
@@ -101,11 +117,6 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
-FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
-ENV_PREFIX_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
 @dataclass(frozen=True, slots=True)
 class AgentrunsSettings:
     """The ``AGENTRUNS`` settings, parsed and checked: one field per name of ``DEFAULTS``, in
@@ -137,197 +148,31 @@ class AgentrunsSettings:
     prepared_statements: bool
 
 
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with the ``AGENTRUNS`` setting. ``id`` is the system check's without the
-    ``agentruns.`` prefix: ``E…`` an error ``app_settings()`` refuses, ``W…`` a warning it lets
-    through (the value is ignored or kept as documented)."""
-
-    id: str
-    name: str
-    message: str
-    hint: str = ""
-
-    @property
-    def is_error(self) -> bool:
-        return self.id.startswith("E")
-
-
-# The ids, each with what it means (README "Checking the settings").
-NOT_A_DICT = "E001"  # AGENTRUNS is not a dict
-WRONG_TYPE = "E002"  # a value that does not parse as its type
-OUT_OF_RANGE = "E003"  # a value outside its range (or empty where it may not be)
-BAD_ALLOWLIST_ENTRY = "E004"  # a WEBHOOK_ALLOWLIST entry that is not host, host:port, IP, [v6]:port
-BAD_SECRET_PREFIX = "E005"  # a SECRET_ENV_PREFIXES entry that no variable name can start with
-UNKNOWN_NAME = "W001"  # a name AGENTRUNS does not know (likely a typo): ignored
-EMPTY_SECRET_PREFIX = "W002"  # an empty SECRET_ENV_PREFIXES entry: ignored, never a wildcard
-
-
-class _Bad(Exception):
-    def __init__(self, id: str, message: str, hint: str = "") -> None:
-        super().__init__(message)
-        self.id = id
-        self.message = message
-        self.hint = hint
-
-
-Parser = Callable[[str, Any], Any]
-
-
-def _shown(name: str, raw: Any) -> str:
-    return f"AGENTRUNS_{name}={raw!r}"
-
-
-def _integer(minimum: int) -> Parser:
-    def parse(name: str, raw: Any) -> int:
-        value: int | None = None
-        if isinstance(raw, int) and not isinstance(raw, bool):
-            value = raw
-        elif isinstance(raw, float) and raw.is_integer():
-            value = int(raw)
-        elif isinstance(raw, str):
-            try:
-                value = int(raw.strip())
-            except ValueError:
-                value = None
-        if value is None:
-            raise _Bad(WRONG_TYPE, f"{_shown(name, raw)} is not an integer")
-        if value < minimum:
-            raise _Bad(OUT_OF_RANGE, f"{_shown(name, raw)} must be {minimum} or more")
-        return value
-
-    return parse
-
-
-def _seconds(*, zero: bool) -> Parser:
-    """A number of seconds (fractions allowed), above 0 (or 0 and more when ``zero``)."""
-
-    def parse(name: str, raw: Any) -> float:
-        value: float | None = None
-        if isinstance(raw, int | float) and not isinstance(raw, bool):
-            value = float(raw)
-        elif isinstance(raw, str):
-            try:
-                value = float(raw.strip())
-            except ValueError:
-                value = None
-        if value is None or not math.isfinite(value):
-            raise _Bad(WRONG_TYPE, f"{_shown(name, raw)} is not a number of seconds")
-        if value < 0 or (value == 0 and not zero):
-            bound = "0 or more" if zero else "more than 0"
-            raise _Bad(OUT_OF_RANGE, f"{_shown(name, raw)} must be {bound}")
-        return value
-
-    return parse
-
-
-def _boolean(name: str, raw: Any) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, str) and raw.strip().lower() in TRUE_WORDS | FALSE_WORDS:
-        return raw.strip().lower() in TRUE_WORDS
-    raise _Bad(WRONG_TYPE, f"{_shown(name, raw)} is not a boolean (True/False, on/off)")
-
-
-def _text(name: str, raw: Any) -> str:
-    if not isinstance(raw, str):
-        raise _Bad(WRONG_TYPE, f"{_shown(name, raw)} is not a string")
-    return raw
-
-
-def _currency(name: str, raw: Any) -> str:
-    text = _text(name, raw).strip()
-    if not text:
-        raise _Bad(OUT_OF_RANGE, f"{_shown(name, raw)} may not be empty", "e.g. USD or EUR")
-    return text
-
-
-def _site_url(name: str, raw: Any) -> str:
-    text = _text(name, raw).strip()
-    if text:
-        parts = urlsplit(text)
-        if parts.scheme not in {"http", "https"} or not parts.netloc:
-            raise _Bad(
-                OUT_OF_RANGE,
-                f"{_shown(name, raw)} is not an http(s) URL",
-                "e.g. https://leasehold.example, or empty for links that are paths only",
-            )
-    return text
-
-
-def _names(name: str, raw: Any) -> tuple[str, ...]:
-    """A list (or tuple) of strings, or one comma-separated string; blank entries dropped."""
-    if isinstance(raw, str):
-        raw = raw.split(",")
-    if not isinstance(raw, list | tuple) or not all(isinstance(item, str) for item in raw):
-        raise _Bad(WRONG_TYPE, f"{_shown(name, raw)} is not a list of strings")
-    return tuple(item.strip() for item in raw if item.strip())
-
-
-def _allowlist(name: str, raw: Any) -> tuple[str, ...]:
-    entries = _names(name, raw)
-    for entry in entries:
-        problem = allowlist_entry_problem(entry)
-        if problem is not None:
-            raise _Bad(
-                BAD_ALLOWLIST_ENTRY,
-                f"AGENTRUNS_{name}: {entry!r} {problem}",
-                "each entry is host, host:port, an IP address or [IPv6]:port (no scheme, no path)",
-            )
-    return entries
-
-
-def _prefixes(name: str, raw: Any) -> tuple[str, ...]:
-    prefixes = _names(name, raw)
-    for prefix in prefixes:
-        if not ENV_PREFIX_RE.fullmatch(prefix):
-            raise _Bad(
-                BAD_SECRET_PREFIX,
-                f"AGENTRUNS_{name}: no environment variable name starts with {prefix!r}",
-                "a prefix is letters, digits and _, not starting with a digit (e.g. LEASEHOLD_)",
-            )
-    return prefixes
-
-
-def _budget(name: str, raw: Any) -> Decimal | None:
-    if raw is None or (isinstance(raw, str) and not raw.strip()):
-        return None
-    if isinstance(raw, bool) or not isinstance(raw, str | int | float | Decimal):
-        raise _Bad(WRONG_TYPE, f"{_shown(name, raw)} is not a decimal")
-    try:
-        value = Decimal(str(raw).strip())
-    except InvalidOperation:
-        raise _Bad(WRONG_TYPE, f"{_shown(name, raw)} is not a decimal") from None
-    if not value.is_finite() or value < 0:
-        raise _Bad(OUT_OF_RANGE, f"{_shown(name, raw)} must be a decimal of 0 or more")
-    return value
-
-
 PARSERS: dict[str, Parser] = {
-    "LEASE_SECONDS": _seconds(zero=False),
-    "MAX_REQUEUES": _integer(0),
-    "MAX_ITERATIONS": _integer(1),
-    "TOOL_TIMEOUT_SECONDS": _seconds(zero=False),
-    "MAX_PROMPT_CHARS": _integer(1),
-    "MAX_ARGUMENT_CHARS": _integer(1),
-    "PREVIEW_TIMEOUT_SECONDS": _seconds(zero=False),
-    "REDISPATCH_SECONDS": _seconds(zero=False),
-    "STOP_GRACE_SECONDS": _seconds(zero=True),
-    "RETRY_BACKOFF_SECONDS": _seconds(zero=True),
-    "RECONCILE_CHECKS": _integer(0),
-    "WEBHOOK_ALLOWLIST": _allowlist,
-    "MCP_STDIO_ALLOWED": _boolean,
-    "SECRET_ENV_PREFIXES": _prefixes,
-    "REAPER_INTERVAL_MINUTES": _integer(1),
-    "RETENTION_DAYS": _integer(0),
-    "METRICS_TOKEN": _text,
-    "NOTIFY_INTERVAL": _integer(0),
-    "NOTIFY_EMAIL": _boolean,
-    "NOTIFY_WEBHOOK_TIMEOUT_SECONDS": _seconds(zero=False),
-    "SITE_URL": _site_url,
-    "COST_CURRENCY": _currency,
-    "USER_DAILY_BUDGET": _budget,
-    "PREPARED_STATEMENTS": _boolean,
+    "LEASE_SECONDS": parse_seconds(zero=False),
+    "MAX_REQUEUES": parse_integer(0),
+    "MAX_ITERATIONS": parse_integer(1),
+    "TOOL_TIMEOUT_SECONDS": parse_seconds(zero=False),
+    "MAX_PROMPT_CHARS": parse_integer(1),
+    "MAX_ARGUMENT_CHARS": parse_integer(1),
+    "PREVIEW_TIMEOUT_SECONDS": parse_seconds(zero=False),
+    "REDISPATCH_SECONDS": parse_seconds(zero=False),
+    "STOP_GRACE_SECONDS": parse_seconds(zero=True),
+    "RETRY_BACKOFF_SECONDS": parse_seconds(zero=True),
+    "RECONCILE_CHECKS": parse_integer(0),
+    "WEBHOOK_ALLOWLIST": parse_allowlist,
+    "MCP_STDIO_ALLOWED": parse_boolean,
+    "SECRET_ENV_PREFIXES": parse_prefixes,
+    "REAPER_INTERVAL_MINUTES": parse_integer(1),
+    "RETENTION_DAYS": parse_integer(0),
+    "METRICS_TOKEN": parse_text,
+    "NOTIFY_INTERVAL": parse_integer(0),
+    "NOTIFY_EMAIL": parse_boolean,
+    "NOTIFY_WEBHOOK_TIMEOUT_SECONDS": parse_seconds(zero=False),
+    "SITE_URL": parse_site_url,
+    "COST_CURRENCY": parse_currency,
+    "USER_DAILY_BUDGET": parse_budget,
+    "PREPARED_STATEMENTS": parse_boolean,
 }
 
 
@@ -357,7 +202,7 @@ def _warnings(configured: Mapping[Any, Any]) -> list[Problem]:
             Problem(
                 EMPTY_SECRET_PREFIX,
                 "SECRET_ENV_PREFIXES",
-                f"{_shown('SECRET_ENV_PREFIXES', prefixes)} has an empty entry; it is ignored "
+                f"{shown('SECRET_ENV_PREFIXES', prefixes)} has an empty entry; it is ignored "
                 "(an empty prefix never allows every variable)",
                 "remove the empty entry; an empty list allows no secret at all",
             )
@@ -379,7 +224,7 @@ def read(configured: object) -> tuple[AgentrunsSettings | None, list[Problem]]:
         raw = configured[name] if name in configured else DEFAULTS[name]
         try:
             values[name.lower()] = parse(name, raw)
-        except _Bad as bad:
+        except Invalid as bad:
             problems.append(Problem(bad.id, name, bad.message, bad.hint))
     if any(problem.is_error for problem in problems):
         return None, problems

@@ -191,6 +191,16 @@ def test_e005_a_secret_prefix_no_variable_name_can_start_with(prefix: str) -> No
             app_settings()
 
 
+def test_a_message_never_shows_the_metrics_token_and_cuts_a_long_value() -> None:
+    with agentruns(METRICS_TOKEN=987654321, WEBHOOK_ALLOWLIST={"x" * 5000: 1}):
+        messages = [m.msg for m in check_agentruns_settings()]
+        assert len(messages) == 2 and "987654321" not in " ".join(messages)
+        assert all(len(message) < 300 for message in messages)
+        with pytest.raises(ImproperlyConfigured) as refused:
+            app_settings()
+        assert "987654321" not in str(refused.value)
+
+
 def test_w001_an_unknown_name_is_likely_a_typo() -> None:
     with agentruns(LEASE_SECOND=90):
         [message] = check_agentruns_settings()
