@@ -103,7 +103,7 @@ def event_kind_label(value: Any) -> str:
 
 def effect_parts(value: Any) -> tuple[str, str, str]:
     """``(word, icon, sentence)`` for an effect; an unknown or missing one reads as a write."""
-    return EFFECTS.get(value, UNKNOWN_EFFECT)
+    return EFFECTS.get(value, UNKNOWN_EFFECT) if isinstance(value, str) else UNKNOWN_EFFECT
 
 
 def effect_text(value: Any) -> str:

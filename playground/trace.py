@@ -5,11 +5,14 @@ templates escape everything the model chose."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.template.loader import render_to_string
 from django.urls import NoReverseMatch, reverse
 
+from agentruns import event_summaries
+from agentruns.event_payloads import InputPayload, LlmPayload, RequestPayload, ToolPayload
 from agentruns.jsonview import pretty_json
 from agentruns.models import AgentRun, EventKind
 from agentruns.services.runtime.transcript import proposed_arguments, request_messages
@@ -59,6 +62,54 @@ def _message(message: Any) -> dict[str, Any]:
     }
 
 
+class ShownRequest(RequestPayload, total=False):
+    """A ``request`` step: its payload and the dialogue it sent (``EventSpec.shown``, rebuilt
+    for a stored one), never stored."""
+
+    messages: list[Any]
+
+
+def _request(p: ShownRequest) -> dict[str, Any]:
+    messages = p.get("messages")
+    return {
+        "round": int(p.get("iteration") or 0) + 1,
+        "messages": [_message(m) for m in (messages if isinstance(messages, list) else [])],
+    }
+
+
+def _llm(p: LlmPayload) -> dict[str, Any]:
+    calls = _objects(p.get("tool_calls"))
+    return {
+        "usage": p.get("usage") or {},
+        "calls": [
+            {"id": c.get("id", ""), "name": c.get("name", ""), "args": pretty(c.get("arguments"))}
+            for c in calls
+        ],
+    }
+
+
+def _tool(p: ToolPayload) -> dict[str, Any]:
+    return {
+        "arguments_json": pretty(p.get("arguments", {})),
+        "result_json": pretty(p.get("result")) if p.get("result") is not None else "",
+    }
+
+
+def _input(p: InputPayload) -> dict[str, Any]:
+    return {"values_json": pretty(p.get("values", {}))}
+
+
+# What a step shows beyond its summary and payload, by kind: the parts ``_step.html`` lays out
+# for the dialogue's kinds. Every other kind shows its label, its summary
+# (``agentruns.event_summaries``, the timeline's) and its payload.
+_DETAILS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    EventKind.REQUEST: _request,
+    EventKind.LLM: _llm,
+    EventKind.TOOL: _tool,
+    EventKind.INPUT: _input,
+}
+
+
 def step(
     kind: str,
     payload: Any,
@@ -76,23 +127,11 @@ def step(
         "sequence": sequence,
         "actor": actor or p.get("decider") or "",
         "payload_json": pretty(p),
+        "summary": event_summaries.summarise(kind, payload),
     }
-    if kind == EventKind.REQUEST:
-        ctx["round"] = int(p.get("iteration") or 0) + 1
-        messages = p.get("messages")
-        ctx["messages"] = [_message(m) for m in (messages if isinstance(messages, list) else [])]
-    elif kind == EventKind.LLM:
-        usage = p.get("usage") or {}
-        ctx["usage"] = usage
-        ctx["calls"] = [
-            {"id": c.get("id", ""), "name": c.get("name", ""), "args": pretty(c.get("arguments"))}
-            for c in _objects(p.get("tool_calls"))
-        ]
-    elif kind == EventKind.TOOL:
-        ctx["arguments_json"] = pretty(p.get("arguments", {}))
-        ctx["result_json"] = pretty(p.get("result")) if p.get("result") is not None else ""
-    elif kind == EventKind.INPUT:
-        ctx["values_json"] = pretty(p.get("values", {}))
+    details = _DETAILS.get(kind)
+    if details is not None:
+        ctx.update(details(p))
     return ctx
 
 

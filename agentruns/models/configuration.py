@@ -168,6 +168,19 @@ class AgentConfiguration(models.Model):
         ``script``) holding NUL, lone surrogates or numbers that are not finite, and a script
         the scripted provider would refuse."""
         errors: dict[str, str] = {}
+        self._check_bounds(errors)
+        self._check_json(errors)
+        if self.api_key_env:
+            problem = secret_env_problem(self.api_key_env)
+            if problem is not None:
+                errors["api_key_env"] = problem
+        self._check_deadline(errors)
+        self._check_webhook(errors)
+        if errors:
+            raise ValidationError(errors)
+
+    def _check_bounds(self, errors: dict[str, str]) -> None:
+        """The timeout, the round cap and the deadline within their bounds."""
         if self.timeout_seconds is not None and not (
             1 <= self.timeout_seconds <= MAX_TIMEOUT_SECONDS
         ):
@@ -180,6 +193,9 @@ class AgentConfiguration(models.Model):
             errors["approval_timeout"] = (
                 f"A deadline is at most {MAX_APPROVAL_TIMEOUT.days} days away."
             )
+
+    def _check_json(self, errors: dict[str, str]) -> None:
+        """``tools`` and ``script`` storable, and the script one the scripted provider plays."""
         for name in ("tools", "script"):
             if (problem := json_problem(getattr(self, name))) is not None:
                 errors[name] = f"This JSON cannot be stored: {problem}."
@@ -191,14 +207,14 @@ class AgentConfiguration(models.Model):
                 validate_script(self.script)
             except ProviderError as exc:
                 errors["script"] = str(exc)
-        if self.api_key_env:
-            problem = secret_env_problem(self.api_key_env)
-            if problem is not None:
-                errors["api_key_env"] = problem
+
+    def _check_deadline(self, errors: dict[str, str]) -> None:
         if self.approval_timeout is not None and self.approval_timeout <= timedelta(0):
             errors["approval_timeout"] = "A deadline must be a positive duration (or empty: none)."
         if self.on_approval_timeout not in ApprovalTimeoutAction.values:
             errors["on_approval_timeout"] = "Choose deny or fail."
+
+    def _check_webhook(self, errors: dict[str, str]) -> None:
         if self.notify_webhook_url:
             from agentruns.conf import app_settings
             from agentruns.outbound import WebhookRefused, webhook_target
@@ -207,5 +223,3 @@ class AgentConfiguration(models.Model):
                 webhook_target(self.notify_webhook_url, list(app_settings().webhook_allowlist))
             except WebhookRefused as refused:
                 errors["notify_webhook_url"] = str(refused)
-        if errors:
-            raise ValidationError(errors)

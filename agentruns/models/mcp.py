@@ -5,6 +5,7 @@ transport choices and the rule its name follows.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
@@ -120,9 +121,20 @@ class McpServer(models.Model):
         return self.requires_approval is not False
 
     def clean(self) -> None:
+        errors: dict[str, str] = {}
+        self._check_transport(errors)
+        for name in ("allowed_tools", "read_only_tools"):
+            if not _tool_names(getattr(self, name)):
+                errors[name] = "A JSON list of tool names."
+        if (problem := _headers_env_problem(self.headers_env)) is not None:
+            errors["headers_env"] = problem
+        if errors:
+            raise ValidationError(errors)
+
+    def _check_transport(self, errors: dict[str, str]) -> None:
+        """A URL for HTTP; for stdio, stdio allowed and a command."""
         from agentruns.conf import app_settings
 
-        errors: dict[str, str] = {}
         if self.transport == McpTransport.STREAMABLE_HTTP:
             if not self.url:
                 errors["url"] = "A streamable HTTP server needs a URL."
@@ -133,32 +145,34 @@ class McpServer(models.Model):
                 errors["command"] = "A stdio server needs a command."
         else:
             errors["transport"] = f"Unknown transport {self.transport!r}."
-        if not isinstance(self.allowed_tools, list) or not all(
-            isinstance(t, str) and t for t in self.allowed_tools
-        ):
-            errors["allowed_tools"] = "A JSON list of tool names."
-        if not isinstance(self.read_only_tools, list) or not all(
-            isinstance(t, str) and t for t in self.read_only_tools
-        ):
-            errors["read_only_tools"] = "A JSON list of tool names."
-        if not isinstance(self.headers_env, dict) or not all(
-            isinstance(h, str)
-            and re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", h)
-            and isinstance(v, str)
-            and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)
-            for h, v in (self.headers_env.items() if isinstance(self.headers_env, dict) else [])
-        ):
-            errors["headers_env"] = (
-                'A JSON object {"Header-Name": "ENV_VAR_NAME"}: the name of an environment '
-                "variable, never the secret itself."
-            )
-        else:
-            refused = [
-                f"{header}: {problem}"
-                for header, variable in self.headers_env.items()
-                if (problem := secret_env_problem(variable)) is not None
-            ]
-            if refused:
-                errors["headers_env"] = " ".join(refused)
-        if errors:
-            raise ValidationError(errors)
+
+
+def _tool_names(value: Any) -> bool:
+    """A JSON list of non-empty tool names."""
+    return isinstance(value, list) and all(isinstance(t, str) and t for t in value)
+
+
+_HEADER_NAME = r"[A-Za-z0-9!#$%&'*+.^_`|~-]+"
+_ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+def _headers_env_problem(value: Any) -> str | None:
+    """What is wrong with ``headers_env`` (a header name → the name of the environment variable
+    holding its value), or ``None``."""
+    if not isinstance(value, dict) or not all(
+        isinstance(h, str)
+        and re.fullmatch(_HEADER_NAME, h)
+        and isinstance(v, str)
+        and re.fullmatch(_ENV_NAME, v)
+        for h, v in value.items()
+    ):
+        return (
+            'A JSON object {"Header-Name": "ENV_VAR_NAME"}: the name of an environment '
+            "variable, never the secret itself."
+        )
+    refused = [
+        f"{header}: {problem}"
+        for header, variable in value.items()
+        if (problem := secret_env_problem(variable)) is not None
+    ]
+    return " ".join(refused) if refused else None

@@ -58,6 +58,7 @@ def _is_number(value: Any) -> bool:
 
 
 def _validate_turn(index: int, turn: Any) -> None:
+    """Raise ``script_invalid`` naming the first problem of ``turn``, checked in this order."""
     where = f"turn {index}"
     if not isinstance(turn, dict):
         raise _invalid(f"{where} must be an object, got {type(turn).__name__}.")
@@ -66,50 +67,70 @@ def _validate_turn(index: int, turn: Any) -> None:
         raise _invalid(
             f"{where} has unknown keys {sorted(unknown)}; allowed: {sorted(_TURN_KEYS)}."
         )
-    answers = "content" in turn or "tool_calls" in turn
-    if "error" in turn:
-        if turn["error"] not in _ERROR_CLASSES:
-            raise _invalid(f"{where}: 'error' must be 'retryable' or 'fatal'.")
-        if "times" in turn:
-            times = turn["times"]
-            if not isinstance(times, int) or isinstance(times, bool) or times < 1:
-                raise _invalid(f"{where}: 'times' must be a positive integer.")
-            if not answers:
-                raise _invalid(f"{where}: an error with 'times' needs 'content' or 'tool_calls'.")
-    elif "times" in turn:
-        raise _invalid(f"{where}: 'times' is only meaningful with 'error'.")
-    elif not answers:
-        raise _invalid(f"{where} needs 'content', 'tool_calls' or 'error'.")
+    _check_error(where, turn)
     if "content" in turn and not isinstance(turn["content"], str):
         raise _invalid(f"{where}: 'content' must be a string.")
     if "tool_calls" in turn:
-        calls = turn["tool_calls"]
-        if not isinstance(calls, list) or not calls:
-            raise _invalid(f"{where}: 'tool_calls' must be a non-empty list.")
-        for position, call in enumerate(calls):
-            call_where = f"{where}, call {position}"
-            if not isinstance(call, dict):
-                raise _invalid(f"{call_where} must be an object.")
-            if set(call) - _CALL_KEYS:
-                raise _invalid(f"{call_where} has unknown keys {sorted(set(call) - _CALL_KEYS)}.")
-            if not isinstance(call.get("name"), str) or not call["name"]:
-                raise _invalid(f"{call_where} needs a non-empty string 'name'.")
-            if not isinstance(call.get("arguments", {}), dict):
-                raise _invalid(f"{call_where}: 'arguments' must be an object.")
-    if "delay" in turn and (not _is_number(turn["delay"]) or turn["delay"] < 0):
+        _check_tool_calls(where, turn["tool_calls"])
+    if "delay" in turn:
+        _check_delay(where, turn["delay"])
+    if "usage" in turn and turn["usage"] is not None:
+        _check_usage(where, turn["usage"])
+
+
+def _check_error(where: str, turn: dict[str, Any]) -> None:
+    """``error`` (with ``times``, which needs an answer to give after) or an answer."""
+    answers = "content" in turn or "tool_calls" in turn
+    if "error" not in turn:
+        if "times" in turn:
+            raise _invalid(f"{where}: 'times' is only meaningful with 'error'.")
+        if not answers:
+            raise _invalid(f"{where} needs 'content', 'tool_calls' or 'error'.")
+        return
+    if not isinstance(turn["error"], str) or turn["error"] not in _ERROR_CLASSES:
+        raise _invalid(f"{where}: 'error' must be 'retryable' or 'fatal'.")
+    if "times" in turn:
+        times = turn["times"]
+        if not isinstance(times, int) or isinstance(times, bool) or times < 1:
+            raise _invalid(f"{where}: 'times' must be a positive integer.")
+        if not answers:
+            raise _invalid(f"{where}: an error with 'times' needs 'content' or 'tool_calls'.")
+
+
+def _check_tool_calls(where: str, calls: Any) -> None:
+    if not isinstance(calls, list) or not calls:
+        raise _invalid(f"{where}: 'tool_calls' must be a non-empty list.")
+    for position, call in enumerate(calls):
+        _check_call(f"{where}, call {position}", call)
+
+
+def _check_call(call_where: str, call: Any) -> None:
+    if not isinstance(call, dict):
+        raise _invalid(f"{call_where} must be an object.")
+    if set(call) - _CALL_KEYS:
+        raise _invalid(f"{call_where} has unknown keys {sorted(set(call) - _CALL_KEYS)}.")
+    if not isinstance(call.get("name"), str) or not call["name"]:
+        raise _invalid(f"{call_where} needs a non-empty string 'name'.")
+    if not isinstance(call.get("arguments", {}), dict):
+        raise _invalid(f"{call_where}: 'arguments' must be an object.")
+
+
+def _check_delay(where: str, delay: Any) -> None:
+    if not _is_number(delay) or delay < 0:
         raise _invalid(f"{where}: 'delay' must be a finite, non-negative number of seconds.")
-    if "delay" in turn and turn["delay"] > app_settings().tool_timeout_seconds:
+    if delay > app_settings().tool_timeout_seconds:
         raise _invalid(
             f"{where}: 'delay' may not exceed the tool timeout "
             f"({app_settings().tool_timeout_seconds:g} s, AGENTRUNS_TOOL_TIMEOUT_SECONDS)."
         )
-    if "usage" in turn and turn["usage"] is not None:
-        usage = turn["usage"]
-        if not isinstance(usage, dict) or not all(
-            isinstance(key, str) and isinstance(value, int) and not isinstance(value, bool)
-            for key, value in usage.items()
-        ):
-            raise _invalid(f"{where}: 'usage' must map token counter names to integers.")
+
+
+def _check_usage(where: str, usage: Any) -> None:
+    if not isinstance(usage, dict) or not all(
+        isinstance(key, str) and isinstance(value, int) and not isinstance(value, bool)
+        for key, value in usage.items()
+    ):
+        raise _invalid(f"{where}: 'usage' must map token counter names to integers.")
 
 
 def validate_script(script: Any) -> list[dict[str, Any]]:

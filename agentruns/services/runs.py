@@ -80,6 +80,24 @@ def build_request(
     """The serialised request: everything any segment on any machine needs to run it. Refused
     (``InvalidRequest``) before anything is written: text or JSON no column can store
     (``agentruns.storable``), and a script the scripted provider would refuse."""
+    _check_prompt(prompt)
+    options = dict(options or {})
+    unknown = set(options) - {"script", "tools", "system_prompt", "max_iterations"}
+    if unknown:
+        raise InvalidRequest(f"unknown options: {', '.join(sorted(unknown))}")
+    request: dict[str, Any] = {"prompt": prompt}
+    if options.get("script") is not None:
+        request["script"] = _checked_script(configuration, options["script"])
+    if options.get("tools") is not None:
+        request["tools"] = _checked_tools(configuration, options["tools"])
+    if options.get("system_prompt"):
+        request["system_prompt"] = _checked_system_prompt(options["system_prompt"])
+    if options.get("max_iterations") is not None:
+        request["max_iterations"] = _checked_max_iterations(options["max_iterations"])
+    return request
+
+
+def _check_prompt(prompt: Any) -> None:
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidRequest("prompt must be a non-empty string", field="prompt")
     if (problem := text_problem(prompt)) is not None:
@@ -91,51 +109,49 @@ def build_request(
             "(AGENTRUNS_MAX_PROMPT_CHARS)",
             field="prompt",
         )
-    options = dict(options or {})
-    unknown = set(options) - {"script", "tools", "system_prompt", "max_iterations"}
-    if unknown:
-        raise InvalidRequest(f"unknown options: {', '.join(sorted(unknown))}")
-    request: dict[str, Any] = {"prompt": prompt}
-    if options.get("script") is not None:
-        if configuration.provider != Provider.SCRIPTED:
-            raise InvalidRequest(
-                "a script is accepted only by the scripted provider", field="script"
-            )
-        if not isinstance(options["script"], list):
-            raise InvalidRequest("script must be a list of turns", field="script")
-        if (problem := json_problem(options["script"])) is not None:
-            raise InvalidRequest(f"script cannot be stored: {problem}", field="script")
-        try:
-            validate_script(options["script"])
-        except ProviderError as exc:
-            raise InvalidRequest(str(exc), field="script") from None
-        request["script"] = options["script"]
-    if options.get("tools") is not None:
-        tools = options["tools"]
-        if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
-            raise InvalidRequest("tools must be a list of tool names", field="tools")
-        available = set(configuration.tools or [t.name for t in registry.all()])
-        missing = [t for t in tools if t not in available]
-        if missing:
-            raise InvalidRequest(
-                f"tools not available to this configuration: {', '.join(missing)}", field="tools"
-            )
-        request["tools"] = tools
-    if options.get("system_prompt"):
-        if not isinstance(options["system_prompt"], str):
-            raise InvalidRequest("system_prompt must be a string", field="system_prompt")
-        if (problem := text_problem(options["system_prompt"])) is not None:
-            raise InvalidRequest(f"system_prompt holds {problem}", field="system_prompt")
-        request["system_prompt"] = options["system_prompt"]
-    if options.get("max_iterations") is not None:
-        cap = options["max_iterations"]
-        limit = app_settings().max_iterations
-        if not isinstance(cap, int) or isinstance(cap, bool) or not 1 <= cap <= limit:
-            raise InvalidRequest(
-                f"max_iterations must be an integer from 1 to {limit}", field="max_iterations"
-            )
-        request["max_iterations"] = cap
-    return request
+
+
+def _checked_script(configuration: AgentConfiguration, script: Any) -> list[dict[str, Any]]:
+    if configuration.provider != Provider.SCRIPTED:
+        raise InvalidRequest("a script is accepted only by the scripted provider", field="script")
+    if not isinstance(script, list):
+        raise InvalidRequest("script must be a list of turns", field="script")
+    if (problem := json_problem(script)) is not None:
+        raise InvalidRequest(f"script cannot be stored: {problem}", field="script")
+    try:
+        validate_script(script)
+    except ProviderError as exc:
+        raise InvalidRequest(str(exc), field="script") from None
+    return script
+
+
+def _checked_tools(configuration: AgentConfiguration, tools: Any) -> list[str]:
+    if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
+        raise InvalidRequest("tools must be a list of tool names", field="tools")
+    available = set(configuration.tools or [t.name for t in registry.all()])
+    missing = [t for t in tools if t not in available]
+    if missing:
+        raise InvalidRequest(
+            f"tools not available to this configuration: {', '.join(missing)}", field="tools"
+        )
+    return tools
+
+
+def _checked_system_prompt(system_prompt: Any) -> str:
+    if not isinstance(system_prompt, str):
+        raise InvalidRequest("system_prompt must be a string", field="system_prompt")
+    if (problem := text_problem(system_prompt)) is not None:
+        raise InvalidRequest(f"system_prompt holds {problem}", field="system_prompt")
+    return system_prompt
+
+
+def _checked_max_iterations(cap: Any) -> int:
+    limit = app_settings().max_iterations
+    if not isinstance(cap, int) or isinstance(cap, bool) or not 1 <= cap <= limit:
+        raise InvalidRequest(
+            f"max_iterations must be an integer from 1 to {limit}", field="max_iterations"
+        )
+    return cap
 
 
 def run_start_sync(

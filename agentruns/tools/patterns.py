@@ -188,44 +188,65 @@ def schema_problem(schema: Any) -> str | None:
     named ``pattern`` is not a pattern. Anything else that looks like a keyword is taken as one
     (refusing too much is safe; running an unchecked expression is not).
     """
-    unevaluated = pattern_properties = False
-    stack: list[tuple[Any, int]] = [(schema, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, list):
-            if depth > MAX_SCHEMA_DEPTH:
-                return f"it is nested deeper than {MAX_SCHEMA_DEPTH} levels"
-            stack.extend((item, depth + 1) for item in node)
-            continue
-        if not isinstance(node, Mapping):
-            continue
-        if depth > MAX_SCHEMA_DEPTH:
-            return f"it is nested deeper than {MAX_SCHEMA_DEPTH} levels"
-        for key, value in node.items():
-            if key in _DATA_KEYWORDS:
-                continue
-            if key == "pattern" and not isinstance(value, Mapping | list):
-                problem = pattern_problem(value)
-                if problem:
-                    return problem
-            elif key == "patternProperties" and isinstance(value, Mapping):
-                pattern_properties = True
-                for expression, subschema in value.items():
-                    problem = pattern_problem(expression)
-                    if problem:
-                        return problem
-                    stack.append((subschema, depth + 2))
-            elif key in _NAMED_SUBSCHEMAS and isinstance(value, Mapping):
-                stack.extend((subschema, depth + 2) for subschema in value.values())
-            else:
-                unevaluated = unevaluated or key == "unevaluatedProperties"
-                if isinstance(value, Mapping | list):
-                    stack.append((value, depth + 1))
-    if unevaluated and pattern_properties:
+    walk = _Walk(stack=[(schema, 1)])
+    while walk.stack:
+        node, depth = walk.stack.pop()
+        problem = _node_problem(walk, node, depth)
+        if problem:
+            return problem
+    if walk.unevaluated and walk.pattern_properties:
         return (
             "it uses unevaluatedProperties together with patternProperties, which cannot be "
             "checked in bounded time"
         )
+    return None
+
+
+@dataclass
+class _Walk:
+    """``schema_problem``'s walk: the nodes still to read (with their depth), and what it has
+    seen of the keywords that cannot be combined."""
+
+    stack: list[tuple[Any, int]]
+    unevaluated: bool = False
+    pattern_properties: bool = False
+
+
+def _node_problem(walk: _Walk, node: Any, depth: int) -> str | None:
+    """Read one node: a list's items and an object's keywords are pushed for later."""
+    if not isinstance(node, Mapping | list):
+        return None
+    if depth > MAX_SCHEMA_DEPTH:
+        return f"it is nested deeper than {MAX_SCHEMA_DEPTH} levels"
+    if isinstance(node, list):
+        walk.stack.extend((item, depth + 1) for item in node)
+        return None
+    for key, value in node.items():
+        problem = _keyword_problem(walk, key, value, depth)
+        if problem:
+            return problem
+    return None
+
+
+def _keyword_problem(walk: _Walk, key: Any, value: Any, depth: int) -> str | None:
+    if key in _DATA_KEYWORDS:
+        return None
+    if key == "pattern" and not isinstance(value, Mapping | list):
+        return pattern_problem(value)
+    if key == "patternProperties" and isinstance(value, Mapping):
+        walk.pattern_properties = True
+        for expression, subschema in value.items():
+            problem = pattern_problem(expression)
+            if problem:
+                return problem
+            walk.stack.append((subschema, depth + 2))
+        return None
+    if key in _NAMED_SUBSCHEMAS and isinstance(value, Mapping):
+        walk.stack.extend((subschema, depth + 2) for subschema in value.values())
+        return None
+    walk.unevaluated = walk.unevaluated or key == "unevaluatedProperties"
+    if isinstance(value, Mapping | list):
+        walk.stack.append((value, depth + 1))
     return None
 
 

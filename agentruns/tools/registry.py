@@ -207,18 +207,7 @@ def check_tool(tool: Tool) -> None:
         )
     if not isinstance(tool.description, str) or not tool.description.strip():
         raise ToolDefinitionError(f"tool {tool.name!r} needs a description")
-    if not callable(tool.func):
-        raise ToolDefinitionError(f"tool {tool.name!r}: func is not callable")
-    if tool.preview is not None and not callable(tool.preview):
-        raise ToolDefinitionError(f"tool {tool.name!r}: preview is not callable")
-    if tool.check is not None:
-        if not callable(tool.check):
-            raise ToolDefinitionError(f"tool {tool.name!r}: check is not callable")
-        if tool.effect != Effect.NON_IDEMPOTENT_WRITE:
-            raise ToolDefinitionError(
-                f"tool {tool.name!r} is a {tool.effect}: only a non_idempotent_write can be in "
-                "doubt, so only it may declare a check"
-            )
+    _check_callables(tool)
     if tool.source not in {"local", "mcp"}:
         raise ToolDefinitionError(f"tool {tool.name!r}: source must be 'local' or 'mcp'")
     if tool.approve_permission is not None and not (
@@ -229,20 +218,46 @@ def check_tool(tool: Tool) -> None:
             f"tool {tool.name!r}: approve_permission {tool.approve_permission!r} must be "
             "'app_label.codename', as user.has_perm takes it"
         )
+    _check_schemas(tool)
+    if tool.input_schema is not None:
+        _check_input_schema(tool, tool.input_schema)
+
+
+def _check_callables(tool: Tool) -> None:
+    """``func`` callable; ``preview`` and ``check`` callable when declared, a check only on a
+    non-idempotent write."""
+    if not callable(tool.func):
+        raise ToolDefinitionError(f"tool {tool.name!r}: func is not callable")
+    if tool.preview is not None and not callable(tool.preview):
+        raise ToolDefinitionError(f"tool {tool.name!r}: preview is not callable")
+    if tool.check is None:
+        return
+    if not callable(tool.check):
+        raise ToolDefinitionError(f"tool {tool.name!r}: check is not callable")
+    if tool.effect != Effect.NON_IDEMPOTENT_WRITE:
+        raise ToolDefinitionError(
+            f"tool {tool.name!r} is a {tool.effect}: only a non_idempotent_write can be in "
+            "doubt, so only it may declare a check"
+        )
+
+
+def _check_schemas(tool: Tool) -> None:
     try:
         check_schema(tool.parameters, what=f"tool {tool.name!r} parameters")
         if tool.input_schema is not None:
             check_schema(tool.input_schema, what=f"tool {tool.name!r} input_schema")
     except InvalidSchema as exc:
         raise ToolDefinitionError(str(exc)) from exc
-    if tool.input_schema is None:
-        return
+
+
+def _check_input_schema(tool: Tool, input_schema: dict[str, Any]) -> None:
+    """Human input on a read tool only, every input property one its parameters accept."""
     if tool.is_write:
         raise ToolDefinitionError(
             f"tool {tool.name!r} is a {tool.effect} and may not also require human input "
             "(input_schema is for read tools only)"
         )
-    declared = tool.input_schema.get("properties", {})
+    declared = input_schema.get("properties", {})
     accepted = tool.parameters.get("properties", {})
     if tool.parameters.get("additionalProperties") is False:
         missing = sorted(set(declared) - set(accepted))

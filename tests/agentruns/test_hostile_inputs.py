@@ -42,6 +42,24 @@ def test_a_scripted_delay_that_is_not_a_finite_number_of_seconds_is_refused(dela
         validate_script([{"content": "x", "delay": delay}])
 
 
+@pytest.mark.parametrize("error", [[], {"retryable": True}, ["fatal"]])
+def test_a_scripted_error_that_is_not_a_string_is_refused_not_raised(error):
+    with pytest.raises(ProviderError, match="'error' must be 'retryable' or 'fatal'"):
+        validate_script([{"content": "x", "error": error}])
+
+
+def test_an_unhashable_scripted_error_in_a_request_is_a_400(api):
+    response = api.post(
+        "/api/runs/",
+        {"configuration": "hello", "prompt": "p", "script": [{"content": "x", "error": []}]},
+        format="json",
+    )
+
+    assert response.status_code == 400, response.content[:300]
+    assert "'error' must be 'retryable' or 'fatal'" in response.json()["message"]
+    assert not AgentRun.objects.exists()
+
+
 # --- the API ---------------------------------------------------------------------------------
 
 
