@@ -41,19 +41,19 @@ never write a run's state (that is ``transitions``).
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, timedelta
-from decimal import ROUND_HALF_UP, ROUND_UP, Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, ROUND_UP, Decimal
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models import DurationField
 
-from agentruns import conf
+from agentruns.conf import app_settings
 from agentruns.leases import Lease
 from agentruns.models import AgentConfiguration, SpendDay, SpendHold, SpendScope
 
@@ -89,7 +89,7 @@ _LEDGER_COLUMNS = (
 
 def currency() -> str:
     """The currency every price, cost and budget is in (``AGENTRUNS["COST_CURRENCY"]``)."""
-    return str(conf.get("COST_CURRENCY") or "USD")
+    return app_settings().cost_currency
 
 
 def as_money(value: Any) -> Decimal:
@@ -100,18 +100,9 @@ def as_money(value: Any) -> Decimal:
 
 def user_daily_budget() -> Decimal | None:
     """``AGENTRUNS["USER_DAILY_BUDGET"]``: ``None`` when empty. A value that is not a
-    non-negative decimal raises ``ImproperlyConfigured`` (the segment then fails the run before
-    any provider call: fail closed)."""
-    raw = conf.get("USER_DAILY_BUDGET")
-    if raw is None or (isinstance(raw, str) and not raw.strip()):
-        return None
-    try:
-        limit = Decimal(str(raw).strip())
-    except InvalidOperation as exc:
-        raise ImproperlyConfigured(f"AGENTRUNS_USER_DAILY_BUDGET={raw!r} is not a decimal") from exc
-    if not limit.is_finite() or limit < 0:
-        raise ImproperlyConfigured(f"AGENTRUNS_USER_DAILY_BUDGET={raw!r} must be 0 or more")
-    return limit
+    non-negative decimal raises ``ImproperlyConfigured`` (``agentruns.conf``: every read of the
+    settings refuses it, so nothing starts and no provider is called: fail closed)."""
+    return app_settings().user_daily_budget
 
 
 # --- What a call costs -------------------------------------------------------------------------
@@ -200,7 +191,8 @@ class Holder:
 
     @classmethod
     def of(cls, configuration: AgentConfiguration, lease: Lease) -> Holder:
-        seconds = int(configuration.timeout_seconds or 30) + int(conf.get("LEASE_SECONDS"))
+        # Whole seconds, rounded up: a hold never lapses before the lease it is under.
+        seconds = int(configuration.timeout_seconds or 30) + math.ceil(app_settings().lease_seconds)
         return cls(lease.run_id, lease.owner, call_bound(configuration), seconds)
 
 

@@ -1,9 +1,14 @@
-"""The ``AGENTRUNS`` settings: the documented defaults, a project's overrides, the environment.
+"""The ``AGENTRUNS`` settings: the documented defaults, a project's overrides, the environment,
+read into one typed, frozen ``AgentrunsSettings``.
 
 Every name has its default here, so a project that defines no ``AGENTRUNS`` setting at all gets
 them. A project that wants the ``AGENTRUNS_<NAME>`` environment overrides builds its setting with
-``settings_from_env(os.environ)`` (``config.settings.base`` does). ``get`` reads the project's
-value first and falls back to the default, per name.
+``settings_from_env(os.environ)`` (``config.settings.base`` does). ``app_settings()`` is the one
+way the code reads them: the project's value per name over the default, each parsed and checked
+once, cached until Django's ``setting_changed`` (``override_settings``) says ``AGENTRUNS``
+changed. A bad value never fails an import: ``manage.py check`` reports it
+(``agentruns.system_checks``, the ids of ``Problem``), and ``app_settings()`` refuses it with
+``ImproperlyConfigured`` naming the setting.
 
 Must not import Django models or the host project: settings modules import this one.
 """
@@ -11,12 +16,37 @@ Must not import Django models or the host project: settings modules import this 
 from __future__ import annotations
 
 import copy
+import difflib
+import threading
 from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
+from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+
+from agentruns.conf_values import (
+    EMPTY_SECRET_PREFIX,
+    FALSE_WORDS,
+    NOT_A_DICT,
+    TRUE_WORDS,
+    UNKNOWN_NAME,
+    Invalid,
+    Parser,
+    Problem,
+    parse_allowlist,
+    parse_boolean,
+    parse_budget,
+    parse_currency,
+    parse_integer,
+    parse_prefixes,
+    parse_seconds,
+    parse_site_url,
+    parse_text,
+    shown,
+)
 
 DEFAULTS: dict[str, Any] = {
     # Seconds a segment's lease lasts; renewed at every step boundary and every third of it.
@@ -92,25 +122,194 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def _parse(name: str, raw: str, default: Any) -> Any:
-    try:
-        if isinstance(default, bool):
-            lowered = raw.strip().lower()
-            if lowered in {"1", "true", "yes", "on"}:
-                return True
-            if lowered in {"0", "false", "no", "off", ""}:
-                return False
-            raise ValueError(raw)
-        if isinstance(default, int):
+@dataclass(frozen=True, slots=True)
+class AgentrunsSettings:
+    """The ``AGENTRUNS`` settings, parsed and checked: one field per name of ``DEFAULTS``, in
+    lower case (``LEASE_SECONDS`` → ``lease_seconds``). Seconds may be fractions."""
+
+    lease_seconds: float
+    max_requeues: int
+    max_iterations: int
+    tool_timeout_seconds: float
+    max_prompt_chars: int
+    max_argument_chars: int
+    preview_timeout_seconds: float
+    redispatch_seconds: float
+    stop_grace_seconds: float
+    retry_backoff_seconds: float
+    reconcile_checks: int
+    webhook_allowlist: tuple[str, ...]
+    mcp_stdio_allowed: bool
+    secret_env_prefixes: tuple[str, ...]
+    reaper_interval_minutes: int
+    retention_days: int
+    metrics_token: str
+    notify_interval: int
+    notify_email: bool
+    notify_webhook_timeout_seconds: float
+    site_url: str
+    cost_currency: str
+    user_daily_budget: Decimal | None
+    prepared_statements: bool
+    ledger_key: str
+
+
+PARSERS: dict[str, Parser] = {
+    "LEASE_SECONDS": parse_seconds(zero=False),
+    "MAX_REQUEUES": parse_integer(0),
+    "MAX_ITERATIONS": parse_integer(1),
+    "TOOL_TIMEOUT_SECONDS": parse_seconds(zero=False),
+    "MAX_PROMPT_CHARS": parse_integer(1),
+    "MAX_ARGUMENT_CHARS": parse_integer(1),
+    "PREVIEW_TIMEOUT_SECONDS": parse_seconds(zero=False),
+    "REDISPATCH_SECONDS": parse_seconds(zero=False),
+    "STOP_GRACE_SECONDS": parse_seconds(zero=True),
+    "RETRY_BACKOFF_SECONDS": parse_seconds(zero=True),
+    "RECONCILE_CHECKS": parse_integer(0),
+    "WEBHOOK_ALLOWLIST": parse_allowlist,
+    "MCP_STDIO_ALLOWED": parse_boolean,
+    "SECRET_ENV_PREFIXES": parse_prefixes,
+    "REAPER_INTERVAL_MINUTES": parse_integer(1),
+    "RETENTION_DAYS": parse_integer(0),
+    "METRICS_TOKEN": parse_text,
+    "NOTIFY_INTERVAL": parse_integer(0),
+    "NOTIFY_EMAIL": parse_boolean,
+    "NOTIFY_WEBHOOK_TIMEOUT_SECONDS": parse_seconds(zero=False),
+    "SITE_URL": parse_site_url,
+    "COST_CURRENCY": parse_currency,
+    "USER_DAILY_BUDGET": parse_budget,
+    "PREPARED_STATEMENTS": parse_boolean,
+    "LEDGER_KEY": parse_text,
+}
+
+
+def _warnings(configured: Mapping[Any, Any]) -> list[Problem]:
+    found: list[Problem] = []
+    for key in configured:
+        if key not in DEFAULTS:
+            close = difflib.get_close_matches(str(key), list(DEFAULTS), n=1)
+            found.append(
+                Problem(
+                    UNKNOWN_NAME,
+                    str(key),
+                    f"AGENTRUNS[{key!r}] is not a Leasehold setting; it is ignored",
+                    f"did you mean {close[0]!r}?" if close else "see agentruns.conf.DEFAULTS",
+                )
+            )
+    prefixes = configured.get("SECRET_ENV_PREFIXES")
+    # One empty string is an empty list (no secret at all, on purpose); a blank entry among
+    # others, or an empty entry in a list, is a likely mistake.
+    entries = (
+        (prefixes.split(",") if prefixes.strip() else []) if isinstance(prefixes, str) else prefixes
+    )
+    if isinstance(entries, list | tuple) and any(
+        isinstance(entry, str) and not entry.strip() for entry in entries
+    ):
+        found.append(
+            Problem(
+                EMPTY_SECRET_PREFIX,
+                "SECRET_ENV_PREFIXES",
+                f"{shown('SECRET_ENV_PREFIXES', prefixes)} has an empty entry; it is ignored "
+                "(an empty prefix never allows every variable)",
+                "remove the empty entry; an empty list allows no secret at all",
+            )
+        )
+    return found
+
+
+def read(configured: object) -> tuple[AgentrunsSettings | None, list[Problem]]:
+    """``configured`` (the project's ``AGENTRUNS``; ``None`` when it has none) over the
+    defaults: the settings, or ``None`` when any value is an error, and every problem found."""
+    if configured is None:
+        configured = {}
+    if not isinstance(configured, Mapping):
+        message = f"AGENTRUNS must be a dict, not {type(configured).__name__}"
+        return None, [Problem(NOT_A_DICT, "AGENTRUNS", message)]
+    problems = _warnings(configured)
+    values: dict[str, Any] = {}
+    for name, parse in PARSERS.items():
+        raw = configured[name] if name in configured else DEFAULTS[name]
+        try:
+            values[name.lower()] = parse(name, raw)
+        except Invalid as bad:
+            problems.append(Problem(bad.id, name, bad.message, bad.hint))
+    if any(problem.is_error for problem in problems):
+        return None, problems
+    return AgentrunsSettings(**values), problems
+
+
+# --- The cached settings ---------------------------------------------------------------------
+
+_lock = threading.Lock()
+# The settings, and the ``AGENTRUNS`` object they were read from: a setting replaced without
+# ``setting_changed`` (``monkeypatch.setattr(settings, "AGENTRUNS", …)``) is a different object.
+_cached: tuple[object, AgentrunsSettings] | None = None
+_generation = 0
+
+
+def app_settings() -> AgentrunsSettings:
+    """The ``AGENTRUNS`` settings, read once and cached until the setting changes (Django's
+    ``setting_changed``, or another ``AGENTRUNS`` object in its place).
+
+    Raises ``ImproperlyConfigured`` naming the first bad setting (and its check id) while any
+    value is an error; nothing is cached then, so every read refuses until it is fixed.
+    """
+    configured = getattr(settings, "AGENTRUNS", None)
+    cached = _cached
+    if cached is not None and cached[0] is configured:
+        return cached[1]
+    return _load(configured)
+
+
+def _load(configured: object) -> AgentrunsSettings:
+    global _cached
+    generation = _generation
+    built, problems = read(configured)
+    if built is None:
+        error = next(problem for problem in problems if problem.is_error)
+        raise ImproperlyConfigured(f"{error.message} (manage.py check: agentruns.{error.id})")
+    with _lock:
+        if generation == _generation:  # else the setting changed while it was read
+            _cached = (configured, built)
+    return built
+
+
+def reset() -> None:
+    """Forget the cached settings: the next ``app_settings()`` reads them again."""
+    global _cached, _generation
+    with _lock:
+        _generation += 1
+        _cached = None
+
+
+def _setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "AGENTRUNS":
+        reset()
+
+
+setting_changed.connect(_setting_changed, dispatch_uid="agentruns.conf.setting_changed")
+
+
+# --- The environment -------------------------------------------------------------------------
+
+
+def _parse(raw: str, default: Any) -> Any:
+    """``raw`` as its default's type; the text itself when it does not parse (the check and
+    ``app_settings()`` then report it, naming the variable)."""
+    if isinstance(default, bool):
+        lowered = raw.strip().lower()
+        if lowered in TRUE_WORDS:
+            return True
+        if lowered in FALSE_WORDS:
+            return False
+        return raw
+    if isinstance(default, int):
+        try:
             return int(raw)
-        if isinstance(default, float):
-            return float(raw)
-        if isinstance(default, list | tuple):
-            return [item.strip() for item in raw.split(",") if item.strip()]
-    except ValueError as exc:
-        raise ImproperlyConfigured(
-            f"AGENTRUNS_{name}={raw!r} is not a valid {type(default).__name__}"
-        ) from exc
+        except ValueError:
+            return raw
+    if isinstance(default, list | tuple):
+        return [item.strip() for item in raw.split(",") if item.strip()]
     return raw
 
 
@@ -120,41 +319,15 @@ def parse_env_overrides(defaults: Mapping[str, Any], environ: Mapping[str, str])
     for name, default in defaults.items():
         raw = environ.get(f"AGENTRUNS_{name}")
         if raw is not None:
-            result[name] = _parse(name, raw, default)
+            result[name] = _parse(raw, default)
     return result
 
 
 def settings_from_env(environ: Mapping[str, str]) -> dict:
     """A complete ``AGENTRUNS`` setting: ``DEFAULTS`` with the environment's overrides applied.
 
-    Raises ``ImproperlyConfigured`` for a value that does not parse as its default's type, or a
-    ``USER_DAILY_BUDGET`` that is neither empty nor a decimal of 0 or more.
+    Never raises: a value that does not parse (``AGENTRUNS_MAX_REQUEUES=three``) is kept as its
+    text, so the settings module always imports; ``manage.py check`` reports it and
+    ``app_settings()`` refuses it, naming the variable.
     """
-    parsed = parse_env_overrides(DEFAULTS, environ)
-    budget = str(parsed["USER_DAILY_BUDGET"]).strip()
-    if budget:
-        try:
-            valid = Decimal(budget).is_finite() and Decimal(budget) >= 0
-        except InvalidOperation:
-            valid = False
-        if not valid:
-            raise ImproperlyConfigured(
-                f"AGENTRUNS_USER_DAILY_BUDGET={budget!r} is not a decimal of 0 or more"
-            )
-    return parsed
-
-
-def get(name: str) -> Any:
-    """One ``AGENTRUNS`` value, read at call time so ``override_settings`` works in tests.
-
-    The project's ``AGENTRUNS[name]`` when it has one (the setting may be absent or partial),
-    else the default. Raises ``ImproperlyConfigured`` for a name that has no default.
-    """
-    # ``settings`` keeps a value it served until a setting changes (``LazySettings``): after the
-    # first read this is a dictionary lookup, with no cache here to go stale.
-    configured = getattr(settings, "AGENTRUNS", None) or {}
-    if name in configured:
-        return configured[name]
-    if name in DEFAULTS:
-        return DEFAULTS[name]
-    raise ImproperlyConfigured(f"Unknown AGENTRUNS setting {name!r}")
+    return parse_env_overrides(DEFAULTS, environ)

@@ -23,13 +23,13 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.db.models import QuerySet
 from django.urls import NoReverseMatch, reverse
 
-from agentruns import conf
 from agentruns.authority import (
     DECIDE_PERMISSION,
     Decider,
     approval_authority,
     deciding_authority,
 )
+from agentruns.conf import app_settings
 from agentruns.models import AgentRun, Status
 from agentruns.tools.shown import shown_turn
 from agentruns.turns import APPROVAL, INPUT, RECONCILIATION, PendingTurn, read_pending_turn
@@ -156,7 +156,7 @@ def may_be_told(decider: Decider, item: Item) -> bool:
 
 def site_link(path: str) -> str:
     """``path`` made absolute with ``AGENTRUNS_SITE_URL`` (a path alone when it is empty)."""
-    base = str(conf.get("SITE_URL") or "").rstrip("/")
+    base = app_settings().site_url.rstrip("/")
     return f"{base}{path}"
 
 
@@ -218,7 +218,7 @@ def email_digest(*, name: str, new: list[Item], still_waiting: int) -> Message:
             f"still wait{'s' if still_waiting == 1 else ''}.",
             "",
         ]
-    minutes = max(1, round(int(conf.get("NOTIFY_INTERVAL")) / 60))
+    minutes = max(1, round(app_settings().notify_interval / 60))
     lines += [
         f"The inbox: {inbox_link()}",
         "",

@@ -111,7 +111,7 @@ def configured_key() -> LedgerKey | None:
     event is never chained unkeyed because the key went missing. Never puts the key in a
     message."""
     global _last_key
-    name = conf.get(KEY_SETTING)
+    name = conf.app_settings().ledger_key
     if not name:
         return None
     try:

@@ -42,7 +42,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from agentruns import budgets, conf, selectors
+from agentruns import budgets, selectors
+from agentruns.conf import app_settings
 from agentruns.models import AgentConfiguration, AgentRun, Counter, SpendDay, SpendScope, Status
 
 if TYPE_CHECKING:
@@ -259,7 +260,7 @@ def _allowed(request: HttpRequest) -> int | None:
     header = request.headers.get("Authorization", "")
     if header:
         scheme, _, token = header.partition(" ")
-        expected = str(conf.get("METRICS_TOKEN") or "")
+        expected = app_settings().metrics_token
         if (
             scheme.lower() == "bearer"
             and expected

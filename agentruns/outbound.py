@@ -24,6 +24,7 @@ from __future__ import annotations
 import http.client
 import ipaddress
 import json
+import re
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +94,30 @@ def _entry_key(entry: str) -> str | None:
     if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
         return None
     return _allowlist_key(_normal(host), int(port) if port is not None else None)
+
+
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
+
+
+def allowlist_entry_problem(entry: str) -> str | None:
+    """Why ``entry`` can never match a webhook URL (``agentruns.E004``), or None when it is a
+    ``host``, ``host:port``, an IP address or ``[IPv6]:port`` (what ``webhook_target`` lists)."""
+    if any(c.isspace() or ord(c) < 32 for c in entry.strip()) or "/" in entry or "@" in entry:
+        return "is not a host (no scheme, path, user or spaces)"
+    text = entry.strip()
+    if _entry_key(text) is None:
+        return "is not host, host:port or [IPv6]:port (a port is 1 to 65535)"
+    if text.startswith("["):
+        inside = _literal(text[1:].partition("]")[0])
+        ok = isinstance(inside, ipaddress.IPv6Address)
+        return None if ok else "has brackets around no IPv6 address"
+    host = text.partition(":")[0] if text.count(":") == 1 else text
+    name = host.rstrip(".")
+    if _literal(name) is not None:
+        return None
+    if not name or len(name) > 253 or not all(map(_HOST_LABEL.fullmatch, name.split("."))):
+        return "is not a host name (letters, digits, - and _ in dot-separated labels)"
+    return None
 
 
 def _allowed_keys(allowlist: list[str]) -> set[str]:

@@ -13,22 +13,17 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
 
-from agentruns import conf
+from agentruns.conf import app_settings
 from agentruns.exceptions import SecretEnvRefused
 
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def allowed_prefixes() -> tuple[str, ...]:
-    """The configured prefixes (a list, or one comma-separated string), empty entries dropped."""
-    configured: Any = conf.get("SECRET_ENV_PREFIXES")
-    if isinstance(configured, str):
-        configured = configured.split(",")
-    if not isinstance(configured, list | tuple):
-        return ()
-    return tuple(p.strip() for p in configured if isinstance(p, str) and p.strip())
+    """The configured prefixes (a list, or one comma-separated string), empty entries dropped
+    (``agentruns.conf``: never a wildcard)."""
+    return app_settings().secret_env_prefixes
 
 
 def secret_env_problem(name: object) -> str | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentruns import conf
+from agentruns.conf import app_settings
 from agentruns.services import checks, notifications, reaper, retention, runs
 
 
@@ -15,7 +15,7 @@ def process_run(run_uuid: str) -> str:
 def purge_old_runs() -> str:
     """The scheduled retention pass (``setup_schedules`` with ``RETENTION_DAYS``); returns its
     summary line. Does nothing when retention was switched off after the schedule was made."""
-    days = int(conf.get("RETENTION_DAYS"))
+    days = app_settings().retention_days
     if days <= 0:
         return "retention is off (AGENTRUNS_RETENTION_DAYS is 0)"
     return retention.runs_purge(older_than_days=days).summary()

@@ -8,7 +8,8 @@ from typing import Any
 from django import forms
 from django.core.validators import MaxValueValidator
 
-from agentruns import conf, display
+from agentruns import display
+from agentruns.conf import app_settings
 from agentruns.models import AgentConfiguration
 from agentruns.tools import registry
 
@@ -41,7 +42,7 @@ class RunForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        limit = int(conf.get("MAX_ITERATIONS"))  # read per request: settings may change
+        limit = app_settings().max_iterations  # read per request: settings may change
         field = self.fields["max_iterations"]
         field.validators.append(MaxValueValidator(limit))
         field.widget.attrs["max"] = limit

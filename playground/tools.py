@@ -16,7 +16,7 @@ from urllib.parse import urlencode, urlsplit
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from agentruns import conf
+from agentruns.conf import app_settings
 from agentruns.models import Effect
 from agentruns.outbound import (
     Target,
@@ -96,7 +96,7 @@ def preview_call_webhook(context: ToolContext, arguments: dict[str, Any]) -> Pre
     parts = urlsplit(url)
     body = json.dumps(arguments.get("payload"))
     try:
-        host = webhook_target(url, list(conf.get("WEBHOOK_ALLOWLIST")))
+        host = webhook_target(url, list(app_settings().webhook_allowlist))
     except WebhookRefused as refused:
         return Preview(summary=f"sends nothing: {refused}", target=url)
     return Preview(
@@ -230,7 +230,7 @@ def _target(url: str) -> Target:
     and by the addresses the name resolves to now). ``WebhookRefused`` as it is; a name that
     does not resolve is a ``ConnectionError``: nothing was sent."""
     try:
-        return resolve_target(url, list(conf.get("WEBHOOK_ALLOWLIST")))
+        return resolve_target(url, list(app_settings().webhook_allowlist))
     except WebhookRefused:
         raise
     except OSError as exc:

@@ -216,10 +216,10 @@ class AgentConfiguration(models.Model):
 
     def _check_webhook(self, errors: dict[str, str]) -> None:
         if self.notify_webhook_url:
-            from agentruns import conf
+            from agentruns.conf import app_settings
             from agentruns.outbound import WebhookRefused, webhook_target
 
             try:
-                webhook_target(self.notify_webhook_url, list(conf.get("WEBHOOK_ALLOWLIST")))
+                webhook_target(self.notify_webhook_url, list(app_settings().webhook_allowlist))
             except WebhookRefused as refused:
                 errors["notify_webhook_url"] = str(refused)

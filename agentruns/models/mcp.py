@@ -133,13 +133,13 @@ class McpServer(models.Model):
 
     def _check_transport(self, errors: dict[str, str]) -> None:
         """A URL for HTTP; for stdio, stdio allowed and a command."""
-        from agentruns import conf
+        from agentruns.conf import app_settings
 
         if self.transport == McpTransport.STREAMABLE_HTTP:
             if not self.url:
                 errors["url"] = "A streamable HTTP server needs a URL."
         elif self.transport == McpTransport.STDIO:
-            if not conf.get("MCP_STDIO_ALLOWED"):
+            if not app_settings().mcp_stdio_allowed:
                 errors["transport"] = "stdio servers are off (AGENTRUNS['MCP_STDIO_ALLOWED'])."
             elif not self.command.strip():
                 errors["command"] = "A stdio server needs a command."

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
-from agentruns import conf
+from agentruns.conf import app_settings
 from agentruns.providers.base import ErrorKind, ProviderError, ProviderReply, ToolCall
 
 _TURN_KEYS = frozenset({"content", "tool_calls", "error", "times", "delay", "usage"})
@@ -118,10 +118,10 @@ def _check_call(call_where: str, call: Any) -> None:
 def _check_delay(where: str, delay: Any) -> None:
     if not _is_number(delay) or delay < 0:
         raise _invalid(f"{where}: 'delay' must be a finite, non-negative number of seconds.")
-    if delay > float(conf.get("TOOL_TIMEOUT_SECONDS")):
+    if delay > app_settings().tool_timeout_seconds:
         raise _invalid(
             f"{where}: 'delay' may not exceed the tool timeout "
-            f"({conf.get('TOOL_TIMEOUT_SECONDS')} s, AGENTRUNS_TOOL_TIMEOUT_SECONDS)."
+            f"({app_settings().tool_timeout_seconds:g} s, AGENTRUNS_TOOL_TIMEOUT_SECONDS)."
         )
 
 

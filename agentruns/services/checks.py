@@ -28,7 +28,8 @@ from uuid import UUID
 from django.db import connection, transaction
 from django.utils import timezone
 
-from agentruns import conf, transitions
+from agentruns import transitions
+from agentruns.conf import app_settings
 from agentruns.exceptions import (
     AlreadyDecided,
     NotWaiting,
@@ -105,7 +106,7 @@ def ask(run: AgentRun, pending: PendingTurn, *, attempt: int) -> tuple[str, str,
     tool = registry.get(call.name) if call is not None else None
     if call is None or tool is None or tool.check is None:
         return ERROR, "the call's tool no longer declares a check", None
-    timeout = float(conf.get("TOOL_TIMEOUT_SECONDS"))
+    timeout = app_settings().tool_timeout_seconds
     context = CheckContext(
         run_uuid=run.uuid,
         call_id=call.id,
@@ -134,12 +135,12 @@ def ask(run: AgentRun, pending: PendingTurn, *, attempt: int) -> tuple[str, str,
 
 
 def _backoff(attempt: int) -> float:
-    return float(conf.get("RETRY_BACKOFF_SECONDS")) * 2 ** (attempt - 1)
+    return app_settings().retry_backoff_seconds * 2 ** (attempt - 1)
 
 
 def _abandoned(check: CheckStatus, now: datetime) -> bool:
     """A check that started long enough ago that its worker must have died mid-check."""
-    grace = float(conf.get("TOOL_TIMEOUT_SECONDS")) + float(conf.get("REDISPATCH_SECONDS"))
+    grace = app_settings().tool_timeout_seconds + app_settings().redispatch_seconds
     return check.started_at is None or check.started_at < now - timedelta(seconds=grace)
 
 
@@ -299,7 +300,7 @@ def redispatch_due(*, limit: int = 500) -> int:
     worker died). Duplicates are harmless: an attempt starts once. Called by the reaper's pass;
     returns how many were sent."""
     now = timezone.now()
-    slack = timedelta(seconds=float(conf.get("REDISPATCH_SECONDS")))
+    slack = timedelta(seconds=app_settings().redispatch_seconds)
     candidates = AgentRun.objects.filter(
         status=Status.WAITING_FOR_RECONCILIATION,
         pending_turn__check__state__in=[SCHEDULED, RETRYING, CHECKING],

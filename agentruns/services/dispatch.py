@@ -16,7 +16,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from agentruns import conf
+from agentruns.conf import app_settings
 from agentruns.models import AgentRun
 from agentruns.tools import Tool
 from agentruns.turns import CheckStatus
@@ -138,7 +138,7 @@ def schedule_retry(run: AgentRun, delay_seconds: float) -> None:
 def initial_check(tool: Tool | None) -> CheckStatus | None:
     """The check status a run parked in doubt starts with: scheduled when the call's tool
     declares a check and ``RECONCILE_CHECKS`` allows any; ``None`` otherwise (a person decides)."""
-    limit = int(conf.get("RECONCILE_CHECKS"))
+    limit = app_settings().reconcile_checks
     if tool is None or tool.check is None or limit < 1:
         return None
     return CheckStatus.scheduled(limit)

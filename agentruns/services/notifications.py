@@ -35,8 +35,8 @@ from django.db import IntegrityError
 from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
 from django.db.models.functions import Now
 
-from agentruns import conf
 from agentruns.authority import Decider
+from agentruns.conf import app_settings
 from agentruns.digests import (
     Item,
     candidates,
@@ -77,7 +77,7 @@ class NotifyReport:
 def notifications_send() -> NotifyReport:
     """One notification pass (see the module docstring). Never raises for a recipient's failure:
     it is logged and counted, and the next pass goes on."""
-    interval = int(conf.get("NOTIFY_INTERVAL"))
+    interval = app_settings().notify_interval
     report = NotifyReport()
     if interval <= 0:
         report.off = True
@@ -85,7 +85,7 @@ def notifications_send() -> NotifyReport:
     items = waiting_items()
     report.waiting = len(items)
     if items:
-        if conf.get("NOTIFY_EMAIL"):
+        if app_settings().notify_email:
             _email_everyone(items, interval, report)
         _post_webhooks(items, interval, report)
     _count(report)
@@ -165,8 +165,8 @@ def _post_webhooks(items: list[Item], interval: int, report: NotifyReport) -> No
             answer = post_json(
                 configuration.notify_webhook_url,
                 {"text": text},
-                allowlist=list(conf.get("WEBHOOK_ALLOWLIST")),
-                timeout=float(conf.get("NOTIFY_WEBHOOK_TIMEOUT_SECONDS")),
+                allowlist=list(app_settings().webhook_allowlist),
+                timeout=app_settings().notify_webhook_timeout_seconds,
             )
             if not 200 <= answer.status < 300:
                 raise ConnectionError(f"the webhook answered {answer.status}: {answer.body[:200]}")

@@ -11,13 +11,14 @@ import logging
 from typing import Any, cast
 from uuid import UUID
 
-from agentruns import conf, selectors, transitions
+from agentruns import selectors, transitions
 from agentruns.authority import (
     DECIDE_PERMISSION,
     Decider,
     cancel_authority,
     start_authority,
 )
+from agentruns.conf import app_settings
 from agentruns.exceptions import (
     ConfigurationNotFound,
     InvalidRequest,
@@ -101,7 +102,7 @@ def _check_prompt(prompt: Any) -> None:
         raise InvalidRequest("prompt must be a non-empty string", field="prompt")
     if (problem := text_problem(prompt)) is not None:
         raise InvalidRequest(f"prompt holds {problem}", field="prompt")
-    limit = int(conf.get("MAX_PROMPT_CHARS"))
+    limit = app_settings().max_prompt_chars
     if len(prompt) > limit:
         raise InvalidRequest(
             f"prompt is {len(prompt)} characters; at most {limit} are accepted "
@@ -145,7 +146,7 @@ def _checked_system_prompt(system_prompt: Any) -> str:
 
 
 def _checked_max_iterations(cap: Any) -> int:
-    limit = int(conf.get("MAX_ITERATIONS"))
+    limit = app_settings().max_iterations
     if not isinstance(cap, int) or isinstance(cap, bool) or not 1 <= cap <= limit:
         raise InvalidRequest(
             f"max_iterations must be an integer from 1 to {limit}", field="max_iterations"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
-from agentruns import conf
+from agentruns.conf import app_settings
 
 REAPER_SCHEDULE = "agentruns: reap stale runs"
 REAPER_TASK = "agentruns.tasks.reap_stale_runs"
@@ -41,10 +41,8 @@ def schedules_setup() -> list[ScheduleState]:
     """
     from django_q.models import Schedule
 
-    states = [
-        _ensure(REAPER_SCHEDULE, REAPER_TASK, max(1, int(conf.get("REAPER_INTERVAL_MINUTES"))))
-    ]
-    if int(conf.get("RETENTION_DAYS")) > 0:
+    states = [_ensure(REAPER_SCHEDULE, REAPER_TASK, app_settings().reaper_interval_minutes)]
+    if app_settings().retention_days > 0:
         states.append(_ensure(RETENTION_SCHEDULE, RETENTION_TASK, 24 * 60))
     else:
         removed, _ = Schedule.objects.filter(name=RETENTION_SCHEDULE).delete()
@@ -54,7 +52,7 @@ def schedules_setup() -> list[ScheduleState]:
                     RETENTION_SCHEDULE, RETENTION_TASK, 0, False, True, "retention is off"
                 )
             )
-    if int(conf.get("NOTIFY_INTERVAL")) > 0:
+    if app_settings().notify_interval > 0:
         states.append(_ensure(NOTIFY_SCHEDULE, NOTIFY_TASK, 1))
     else:
         removed, _ = Schedule.objects.filter(name=NOTIFY_SCHEDULE).delete()

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from agentruns import conf
+from agentruns.conf import app_settings
 from agentruns.exceptions import SecretEnvRefused
 from agentruns.models import McpServer, McpTransport
 from agentruns.secrets import check_secret_env, read_secret_env
@@ -112,7 +112,7 @@ def _headers(server: McpServer) -> dict[str, str]:
 def _argv(server: McpServer) -> list[str]:
     """The stdio command line, split like a shell would; ``McpRefused`` when stdio is off or
     there is no command."""
-    if not conf.get("MCP_STDIO_ALLOWED"):
+    if not app_settings().mcp_stdio_allowed:
         raise McpRefused(
             f"MCP server {server.name!r} uses stdio, which is off (AGENTRUNS['MCP_STDIO_ALLOWED'])"
         )

@@ -36,7 +36,7 @@ from jsonschema.validators import validator_for
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
-from agentruns import conf
+from agentruns.conf import app_settings
 from agentruns.tools.patterns import (
     PatternRefused,
     ScanBudgetExceeded,
@@ -212,7 +212,7 @@ def size_problem(instance: Any) -> str | None:
     ``AGENTRUNS_MAX_ARGUMENT_CHARS`` characters of JSON (counted without escapes: a lower
     bound) or objects and arrays nested deeper than ``MAX_ARGUMENT_DEPTH``. Iterative, and it
     stops as soon as either bound is passed."""
-    limit = int(conf.get("MAX_ARGUMENT_CHARS"))
+    limit = app_settings().max_argument_chars
     total = 0
     stack: list[tuple[Any, int]] = [(instance, 0)]
     while stack:
@@ -279,7 +279,7 @@ def schema_errors(schema: Mapping[str, Any], instance: Any) -> list[SchemaError]
     if too_big is not None:
         return [SchemaError((), too_big)]
     validator = _validator(schema)
-    budget = SCAN_BUDGET_FACTOR * int(conf.get("MAX_ARGUMENT_CHARS"))
+    budget = SCAN_BUDGET_FACTOR * app_settings().max_argument_chars
     try:
         with scan_budget(budget):
             found = sorted(

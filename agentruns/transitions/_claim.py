@@ -28,7 +28,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model
 from django.db.models.sql import Query
 
-from agentruns import conf, ledger
+from agentruns import ledger
+from agentruns.conf import app_settings
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentConfiguration, AgentRun, AgentRunEvent, Status
 from agentruns.transitions._sql import (
@@ -150,7 +151,7 @@ def claim(
         events=events,
     )
     end = tail.sequence + len(events)
-    deadline = DURATION.get_db_prep_value(timedelta(seconds=conf.get("LEASE_SECONDS")), db)
+    deadline = DURATION.get_db_prep_value(timedelta(seconds=app_settings().lease_seconds), db)
     params: list[Any] = [identity, deadline, epoch, head, end]
     params += [RUN_FIELDS[by].get_db_prep_value(value, db), str(Status.QUEUED)]
     params += [tail.epoch, tail.sequence, tail.stored_head]

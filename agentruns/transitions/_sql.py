@@ -25,7 +25,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DurationField, Q
 from django.db.models.sql import UpdateQuery
 
-from agentruns import conf, ledger
+from agentruns import ledger
+from agentruns.conf import app_settings
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, AgentRunEvent
 
@@ -109,7 +110,7 @@ def cursor_for(db: BaseDatabaseWrapper) -> Any:
         return db.cursor()
     db.ensure_connection()
     connection = db.connection
-    if not conf.get("PREPARED_STATEMENTS"):
+    if not app_settings().prepared_statements:
         return db._prepare_cursor(_ServerCursor(connection))  # type: ignore[attr-defined]
     if connection.prepare_threshold is None:
         # Django switches psycopg's preparing off (``prepare_threshold=None``), which refuses
@@ -317,7 +318,7 @@ def update_parts(
         elif isinstance(value, DbValue):
             shape.append((name, value))
             if value is DbValue.LEASE_DEADLINE:
-                deadline = timedelta(seconds=conf.get("LEASE_SECONDS"))
+                deadline = timedelta(seconds=app_settings().lease_seconds)
                 params.append(DURATION.get_db_prep_value(deadline, db))
         else:
             shape.append((name, None))

@@ -24,7 +24,8 @@ from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
 from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 
-from agentruns import conf, ledger
+from agentruns import ledger
+from agentruns.conf import app_settings
 from agentruns.exceptions import LeaseholdError, StateWriteFailed
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, Status
@@ -86,7 +87,7 @@ def state_write(func: Callable[P, R]) -> Callable[P, R]:
 def lease_deadline() -> ExpressionWrapper[CombinedExpression]:
     """``Now() + LEASE_SECONDS`` on the database clock."""
     return ExpressionWrapper(
-        Now() + Value(timedelta(seconds=conf.get("LEASE_SECONDS"))),
+        Now() + Value(timedelta(seconds=app_settings().lease_seconds)),
         output_field=DateTimeField(),
     )
 

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.test import override_settings
 
@@ -369,12 +369,13 @@ def test_an_answer_whose_charge_the_database_refuses_is_not_recorded(
     assert probes.seen == []
 
 
-@override_settings(AGENTRUNS={**settings.AGENTRUNS, "USER_DAILY_BUDGET": "ten"})
-def test_a_malformed_user_budget_fails_the_run_before_any_call():
+def test_a_malformed_user_budget_refuses_every_start_before_any_call():
     user = UserFactory()
-    run = run_start_sync(configuration=priced(), prompt="go", initiator=user).run
-    assert run.status == Status.FAILED
-    assert llm_events(run) == []
+    configuration = priced()
+    bad = override_settings(AGENTRUNS={**settings.AGENTRUNS, "USER_DAILY_BUDGET": "ten"})
+    with bad, pytest.raises(ImproperlyConfigured, match="AGENTRUNS_USER_DAILY_BUDGET"):
+        run_start_sync(configuration=configuration, prompt="go", initiator=user)
+    assert not AgentRun.objects.exists()
 
 
 # --- Hostile values ---------------------------------------------------------------------------
@@ -637,11 +638,14 @@ def test_an_answer_that_arrives_after_a_cancel_is_recorded_and_charged():
 
 @pytest.mark.parametrize("raw", ["ten", "-1", "NaN", "Infinity"])
 def test_a_malformed_user_budget_in_the_environment_is_refused_at_start(raw):
-    from django.core.exceptions import ImproperlyConfigured
+    from django.core.checks import run_checks
 
-    from agentruns.conf import settings_from_env
+    from agentruns.conf import app_settings, settings_from_env
 
-    with pytest.raises(ImproperlyConfigured, match="AGENTRUNS_USER_DAILY_BUDGET"):
-        settings_from_env({"AGENTRUNS_USER_DAILY_BUDGET": raw})
+    with override_settings(AGENTRUNS=settings_from_env({"AGENTRUNS_USER_DAILY_BUDGET": raw})):
+        with pytest.raises(ImproperlyConfigured, match="AGENTRUNS_USER_DAILY_BUDGET"):
+            app_settings()
+        reported = [m.id for m in run_checks() if "AGENTRUNS_USER_DAILY_BUDGET" in m.msg]
+        assert reported and reported[0] in {"agentruns.E002", "agentruns.E003"}
     assert settings_from_env({"AGENTRUNS_USER_DAILY_BUDGET": " 12.50 "})["USER_DAILY_BUDGET"]
     assert settings_from_env({})["USER_DAILY_BUDGET"] == ""

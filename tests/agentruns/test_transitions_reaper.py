@@ -4,6 +4,7 @@ guarded by the lease being stale at the moment of the update.
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -83,9 +84,11 @@ def test_reclaim_stale_rechecks_staleness_in_the_update():
     assert run_heartbeat(lease)
 
 
-@override_settings(AGENTRUNS={"LEASE_SECONDS": -1})
-def test_a_lease_granted_for_negative_seconds_is_stale_at_once():
+@override_settings(AGENTRUNS={"LEASE_SECONDS": 0.001})
+def test_a_lease_that_has_run_out_is_stale_at_once():
+    # A lease is positive (agentruns.E003 refuses 0 or less): the shortest one, then let it end.
     lease = start()
+    time.sleep(0.05)
 
     assert run_reclaim_stale(run_id=lease.run_id, segment=REAPER, event=reaper_event())
 

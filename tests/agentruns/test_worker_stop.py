@@ -202,7 +202,7 @@ def test_a_slow_read_is_cut_off_after_the_grace_and_runs_again_in_the_next_segme
     assert tool_events(run) == []  # the cut-off read left nothing: it changed nothing
     assert back.loop_state["turn"]["done"] == []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(settings, "AGENTRUNS", grace(0.2, TOOL_TIMEOUT_SECONDS=0))
+        patch.setattr(settings, "AGENTRUNS", grace(0.2, TOOL_TIMEOUT_SECONDS=0.01))
         done = finish(run)
     assert done.output == "waited"
     assert tool_events(run) == [("wait", "executed", 2)]
@@ -320,7 +320,7 @@ def test_a_hand_back_whose_wake_up_never_left_is_redispatched(stoppable, probes,
 
     assert_handed_back(run, at="round")
     assert tasks_for(run) == 0
-    monkeypatch.setattr(settings, "AGENTRUNS", grace(5, REDISPATCH_SECONDS=0))
+    monkeypatch.setattr(settings, "AGENTRUNS", grace(5, REDISPATCH_SECONDS=0.01))
     time.sleep(0.05)  # the hand-back's updated_at is in the past on the database clock
     assert reaper.reap_stale_runs().redispatched == 1
     assert tasks_for(run) == 1

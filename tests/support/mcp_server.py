@@ -201,11 +201,11 @@ def server_row(server: TicketServer, **fields: Any) -> Any:
 
 @contextmanager
 def _scope_with_open_session(row: Any, opened: list[Any]) -> Iterator[Any]:
-    from agentruns import conf
+    from agentruns.conf import app_settings
     from agentruns.tools.mcp_client import new_session, session_key
     from agentruns.tools.mcp_sessions import session_scope
 
-    limit = min(float(row.timeout_seconds), float(conf.get("TOOL_TIMEOUT_SECONDS")))
+    limit = min(float(row.timeout_seconds), app_settings().tool_timeout_seconds)
     with session_scope() as scope:
         deadline = time.monotonic() + SPARE_SECONDS
         scope.session(session_key(row, limit), lambda: new_session(row, limit), deadline)

@@ -6,7 +6,7 @@ Reads only (the run and, when a batch did not prefetch them, its events); writes
 
 from __future__ import annotations
 
-from agentruns import conf
+from agentruns.conf import app_settings
 from agentruns.models import AgentRun, Effect, Status, TerminationReason
 from agentruns.services.runtime.transcript import NotRehydratable, rehydrate
 from agentruns.turns import PendingTurn
@@ -61,7 +61,7 @@ def rule_for(run: AgentRun) -> tuple[str, str]:
         rehydrate(run, getattr(run, REPLAY_EVENTS, None))
     except NotRehydratable as exc:
         return Rule.NOT_REHYDRATABLE, str(exc)[:200]
-    budget = int(conf.get("MAX_REQUEUES"))
+    budget = app_settings().max_requeues
     if run.requeue_count >= budget:
         return Rule.BUDGET, f"{run.requeue_count} of {budget} retries used"
     return Rule.RECLAIM, ""

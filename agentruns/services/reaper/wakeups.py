@@ -11,7 +11,8 @@ import logging
 
 from django.db import transaction
 
-from agentruns import conf, selectors, transitions
+from agentruns import selectors, transitions
+from agentruns.conf import app_settings
 from agentruns.identity import reaper_identity
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, EventKind, Status, TerminationReason
@@ -96,7 +97,7 @@ def redispatch_unclaimed(*, identity: str | None = None, limit: int = REDISPATCH
     (the guarded mark bumps ``updated_at``). Returns how many wake-ups were sent.
     """
     identity = identity or reaper_identity()
-    seconds = float(conf.get("REDISPATCH_SECONDS"))
+    seconds = app_settings().redispatch_seconds
     candidates = selectors.unclaimed_queued_runs(older_than_seconds=seconds).values_list(
         "pk", "uuid"
     )[:limit]

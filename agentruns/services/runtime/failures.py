@@ -15,7 +15,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from agentruns import conf, transitions
+from agentruns import transitions
+from agentruns.conf import app_settings
 from agentruns.exceptions import StateWriteFailed
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, EventKind, Status, TerminationReason
@@ -49,9 +50,9 @@ def retry_policy(exc: ProviderError, *, can_retry: bool, requeue_count: int) -> 
         return RetryVerdict(settle_reason=TerminationReason.PROVIDER_FAILED)
     if not exc.retryable:
         return RetryVerdict(settle_reason=TerminationReason.NOT_RETRYABLE)
-    if requeue_count >= int(conf.get("MAX_REQUEUES")):
+    if requeue_count >= app_settings().max_requeues:
         return RetryVerdict(settle_reason=TerminationReason.RETRIES_EXHAUSTED)
-    delay = float(conf.get("RETRY_BACKOFF_SECONDS")) * (2**requeue_count)
+    delay = app_settings().retry_backoff_seconds * (2**requeue_count)
     return RetryVerdict(retry_in_seconds=delay)
 
 

@@ -17,7 +17,7 @@ from uuid import UUID
 
 from django.db import transaction
 
-from agentruns import conf
+from agentruns.conf import app_settings
 from agentruns.leases import EventSpec
 from agentruns.models import EventKind
 from agentruns.tools import Tool, ToolContext
@@ -36,7 +36,7 @@ def make_preview(
     """``tool``'s preview of ``call``, bounded; ``None`` when the tool declares none."""
     if tool.preview is None:
         return None
-    timeout = float(conf.get("PREVIEW_TIMEOUT_SECONDS"))
+    timeout = app_settings().preview_timeout_seconds
     context = ToolContext(
         run_uuid=run_uuid,
         call_id=call.id,

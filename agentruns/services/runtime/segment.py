@@ -21,7 +21,8 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from agentruns import budgets, conf, metrics, transitions
+from agentruns import budgets, metrics, transitions
+from agentruns.conf import app_settings
 from agentruns.exceptions import StateWriteFailed
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import (
@@ -383,7 +384,7 @@ class RunSegment(ProviderStep):
         return None
 
     def _round_cap(self) -> int:
-        limit = int(conf.get("MAX_ITERATIONS"))
+        limit = app_settings().max_iterations
         requested = self.request.get("max_iterations")
         configured = self.config.max_iterations
         cap = requested if isinstance(requested, int) and requested > 0 else configured

@@ -42,7 +42,7 @@ from typing import Any
 
 from django.db import connection
 
-from agentruns import conf
+from agentruns.conf import app_settings
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def interruptible() -> Iterator[None]:
         _handler_installed = True
     token = object()
     done = threading.Event()
-    grace = float(conf.get("STOP_GRACE_SECONDS"))
+    grace = app_settings().stop_grace_seconds
     _reading = token
     watcher = threading.Thread(
         target=_watch, args=(token, done, grace, main.ident), name="stop-watcher", daemon=True

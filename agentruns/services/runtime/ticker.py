@@ -21,7 +21,8 @@ from types import TracebackType
 
 from django.db import connections
 
-from agentruns import conf, transitions
+from agentruns import transitions
+from agentruns.conf import app_settings
 from agentruns.exceptions import StateWriteFailed
 from agentruns.leases import Lease
 
@@ -67,7 +68,7 @@ class LeaseTicker:
 
     def __init__(self, lease: Lease, *, interval: float | None = None) -> None:
         self.lease = lease
-        self.interval = interval if interval is not None else conf.get("LEASE_SECONDS") / 3
+        self.interval = interval if interval is not None else app_settings().lease_seconds / 3
         self.lost = False
         self.renewals = 0
 
@@ -142,7 +143,7 @@ class _Scheduler:
             # that interval (every provider and tool call) is then never due before the planned
             # wake, and ``add`` need not wake the thread for it (a thread switch per call).
             self._wake_at = (
-                min(self._due.values()) if self._due else now + conf.get("LEASE_SECONDS") / 3
+                min(self._due.values()) if self._due else now + app_settings().lease_seconds / 3
             )
             self._cond.wait(self._wake_at - now)
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from agentruns import conf, transitions
+from agentruns import transitions
+from agentruns.conf import app_settings
 from agentruns.exceptions import WriteWithoutDurableExecution
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import WRITE_EFFECTS, Effect, EventKind
@@ -96,7 +97,7 @@ def execute_tool_call(
         call_id=call_id,
         initiator_id=initiator_id,
         fencing_token=lease.epoch if lease else 0,
-        timeout_seconds=float(conf.get("TOOL_TIMEOUT_SECONDS")),
+        timeout_seconds=app_settings().tool_timeout_seconds,
     )
     started = time.monotonic()
     lost = False
