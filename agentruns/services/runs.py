@@ -217,7 +217,7 @@ def run_process_queued(*, run_uuid: UUID | str, reload_run: bool = True) -> Segm
     ``reload_run=False`` (the django-q2 task, which reports only the outcome) spares the read at
     the segment's end: the result's ``run`` is then the row as the claim left it. The segment
     starts from the row, configuration and (on a first claim) events the claim handed back, and
-    hands the run back if the worker is told to stop meanwhile (docs/design.md §3.8).
+    hands the run back if the worker is told to stop meanwhile (docs/design.md §10.2).
 
     A worker that is stopping claims nothing: it sends the task again for another worker (a
     task its cluster had already fetched) and returns ``None``.

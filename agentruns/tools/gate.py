@@ -1,4 +1,4 @@
-"""Which tools a run may use, and a call as a card shows it (docs/design.md §4.2, §5.2).
+"""Which tools a run may use, and a call as a card shows it (docs/design.md §4.2, §5.3).
 
 ``ToolGate`` answers, for one run, which tool a name resolves to now: its configuration's list
 (empty: every registered tool), narrowed by the run's request. ``ToolGate.shown`` is the one

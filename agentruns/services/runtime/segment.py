@@ -301,7 +301,7 @@ class RunSegment(ProviderStep):
                 logger.exception("run %s: could not charge a lost answer", self.lease.uuid)
         return Stop(Outcome.CANCELLED if noticed else Outcome.LEASE_LOST, dict(detail))
 
-    # -- handing back (a stopping worker, docs/design.md §3.8) --
+    # -- handing back (a stopping worker, docs/design.md §10.2) --
 
     def _stopping(self) -> bool:
         """The worker was told to stop, and this segment can hand its run back."""

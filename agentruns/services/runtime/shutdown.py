@@ -1,4 +1,4 @@
-"""A worker told to stop hands its segment back (docs/design.md §3.8).
+"""A worker told to stop hands its segment back (docs/design.md §10.2).
 
 django-q2 stops a cluster on SIGTERM or SIGINT to its main process: the sentinel stops fetching
 tasks, lets every worker finish the task it holds — bounded only by the task's ``timeout`` — and
