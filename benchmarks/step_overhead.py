@@ -20,6 +20,14 @@ touched. Workloads:
 Tool bodies and the scripted provider issue no SQL, so every statement counted is the runtime's.
 A round runs from one ``request`` event to the next; the closing provider call is not a round.
 
+``--prepared-ab`` measures only the prepared statements' worth (``AGENTRUNS_PREPARED_STATEMENTS``,
+PostgreSQL): each workload's rounds timed with the setting on and off, alternated run by run (which
+of a pair goes first alternates too), the difference taken per pair; no raw baseline (its
+connection would prepare its own statements, which behind a transaction-mode pooler can meet the
+runtime's on a shared server connection). Behind such a pooler the runtime's prepared statements
+only work while one client has the pool to itself, as here: the figure is what a pooler that
+keeps prepared statements (PgBouncer >= 1.21 with ``max_prepared_statements``) could gain.
+
 ``--priced`` prices the configuration (each answer is charged to the spend ledger) and
 ``--budget`` also gives it a daily budget it never reaches (the check before each provider
 call), docs/design.md §14.
@@ -315,6 +323,50 @@ def _unhashed_rounds(
     return plain
 
 
+def prepared_ab(
+    workload: str, *, runs: int, rounds: int, config: Any, approver: Any
+) -> dict[str, Any]:
+    """``runs`` pairs of runs, one with the step boundary's statements prepared and one without
+    (which goes first alternates); the rounds' median times and the per-pair difference."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    def timed(prepared: bool) -> float:
+        clock = RoundClock()
+        overrides = {**getattr(settings, "AGENTRUNS", {}), "PREPARED_STATEMENTS": prepared}
+        with override_settings(AGENTRUNS=overrides):
+            assert one_run(workload, rounds, clock, approver, config) == "completed"
+        marks = [t for t, _ in clock.marks]
+        times = [(b - a) * 1000 for a, b in itertools.pairwise(marks)]
+        (on_times if prepared else off_times).extend(times)
+        return statistics.median(times)
+
+    on_times: list[float] = []
+    off_times: list[float] = []
+    gains: list[float] = []  # per pair: % the unprepared run's rounds took longer
+    for index in range(runs):
+        if index % 2:
+            off, on = timed(False), timed(True)
+        else:
+            on, off = timed(True), timed(False)
+        gains.append((off - on) / off * 100)
+    on_ms, off_ms, gain = (statistics.median(x) for x in (on_times, off_times, gains))
+    quartiles = statistics.quantiles(gains, n=4) if len(gains) > 1 else [gain] * 3
+    print(f"\n== {workload} rounds, prepared statements on vs off ({runs} pairs of runs)")
+    print(f"  on:  median {on_ms:.3f} ms per round")
+    print(f"  off: median {off_ms:.3f} ms per round")
+    print(
+        f"  preparing saves {gain:+.1f} % of a round (median of {runs} pairs, quartiles "
+        f"{quartiles[0]:+.1f} / {quartiles[2]:+.1f}), {off_ms - on_ms:+.3f} ms"
+    )
+    return {
+        "on_ms": round(on_ms, 3),
+        "off_ms": round(off_ms, 3),
+        "saved_percent": round(gain, 2),
+        "pairs": runs,
+    }
+
+
 # --- The raw baseline ----------------------------------------------------------------------------
 
 
@@ -528,6 +580,11 @@ def main() -> None:
         action="store_true",
         help="with --priced, a daily budget it never reaches: the check before each call",
     )
+    parser.add_argument(
+        "--prepared-ab",
+        action="store_true",
+        help="PostgreSQL: only the rounds with prepared statements on vs off, alternated",
+    )
     args = parser.parse_args()
     rounds = max(2, min(args.rounds, 19))
 
@@ -559,6 +616,19 @@ def main() -> None:
         print(f"database: {target.label}")
         print(f"{args.runs} runs x {rounds} rounds per workload; no-op tools, scripted provider")
         print(f"machine load average (1/5/15 min): {os.getloadavg()}, {os.cpu_count()} CPUs")
+        if args.prepared_ab:
+            if target.vendor != "postgresql":
+                sys.exit("--prepared-ab needs a PostgreSQL DATABASE_URL")
+            one_run("read", 2, RoundClock(), approver, config)
+            one_run("write", 2, RoundClock(), approver, config)
+            ab: dict[str, Any] = {"database": target.vendor, "url": target.label}
+            for workload in ("read", "write"):
+                ab[workload] = prepared_ab(
+                    workload, runs=args.runs, rounds=rounds, config=config, approver=approver
+                )
+            if args.json:
+                print(json.dumps({"prepared_ab": ab}))
+            return
         baseline = RawBaseline(target)
         results: dict[str, Any] = {
             "database": target.vendor,
