@@ -375,6 +375,11 @@ def prepared_ab(
                 gains.append((off - on) / off * 100)
     finally:
         agentruns["PREPARED_STATEMENTS"] = saved
+    from django.db import connection
+
+    with connection.cursor() as cursor:  # proof the "on" rounds prepared (directly: all of them)
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        prepared_now = cursor.fetchone()[0]
     on_ms, off_ms, gain = (statistics.median(x) for x in (times[True], times[False], gains))
     on_cpu, off_cpu = statistics.median(cpu[True]), statistics.median(cpu[False])
     quartiles = statistics.quantiles(gains, n=4) if len(gains) > 1 else [gain] * 3
@@ -389,6 +394,7 @@ def prepared_ab(
         f"pairs, quartiles {quartiles[0]:+.1f} / {quartiles[2]:+.1f}); medians differ by "
         f"{off_ms - on_ms:+.3f} ms, the runtime's CPU by {off_cpu - on_cpu:+.3f} ms"
     )
+    print(f"  statements prepared in the server session the last query met: {prepared_now}")
     return {
         "on_ms": round(on_ms, 3),
         "off_ms": round(off_ms, 3),

@@ -62,20 +62,24 @@ class Pooler:
 @pytest.fixture
 def pooler(processes: Processes, tmp_path: Path) -> Pooler:  # noqa: F811
     """A private PgBouncer (transaction mode, no prepared-statement support: Debian's 1.18)
-    on a free port in front of the server the test database is on, its pool warmed to
+    on a free port in front of the server the test database is on (as the server names itself:
+    not another pooler the tests may already go through), its pool warmed to
     ``SERVER_SESSIONS`` server connections."""
     if not os.path.exists(PGBOUNCER):
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"PgBouncer is missing ({PGBOUNCER}): .ci/run installs Debian's pgbouncer")
         pytest.skip("needs PgBouncer (apt-get install pgbouncer)")
     db = connection.settings_dict
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT host(inet_server_addr()), inet_server_port()")
+        server_host, server_port = cursor.fetchone()
     port = unused_port()
     password = f" password={db['PASSWORD']}" if db.get("PASSWORD") else ""
     ini = tmp_path / "pgbouncer.ini"
     ini.write_text(
         "[databases]\n"
-        f"* = host={db.get('HOST') or '127.0.0.1'} port={db.get('PORT') or 5432} "
-        f"user={db.get('USER') or 'root'}{password}\n"
+        f"* = host={server_host or db.get('HOST') or '127.0.0.1'} "
+        f"port={server_port or db.get('PORT') or 5432} user={db.get('USER') or 'root'}{password}\n"
         "[pgbouncer]\n"
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
         "pool_mode = transaction\nauth_type = any\n"
@@ -182,6 +186,32 @@ def test_with_prepared_statements_on_the_pooler_refuses_the_same_flow(pooler: Po
     assert response.json()["status"] == Status.RUNNING
     assert not Note.objects.exists()
     assert not AgentRunEvent.objects.filter(run=run, kind=EventKind.TOOL).exists()
+
+
+def test_a_name_prepared_by_one_client_runs_for_another_behind_the_pooler(pooler: Pooler):
+    """Why there is no automatic fallback to unprepared statements: a fallback reacts to an
+    error, and the worst case raises none. Two clients each prepare their own statement under
+    psycopg's first name (``_pg3_0``), on two server sessions; the pooler then hands the second
+    client's by-name execution the first one's session: the first client's statement runs with
+    the second client's parameters."""
+    url = pooler.url(connection.settings_dict["NAME"])
+    first = psycopg.connect(url, autocommit=True)
+    second = psycopg.connect(url, autocommit=True)
+    other = psycopg.connect(url, autocommit=True)
+    try:
+        # Sessions are handed out in turn (S1, S2, S3); a pipeline keeps a statement's prepare
+        # and execution on one session.
+        with first.pipeline():
+            mine = first.execute("SELECT 'first: ' || %s::text", ["1"], prepare=True)
+        with second.pipeline():
+            theirs = second.execute("SELECT 'second: ' || %s::text", ["2"], prepare=True)
+        assert (mine.fetchone(), theirs.fetchone()) == (("first: 1",), ("second: 2",))
+        other.execute("SELECT 1")  # takes S3: the next session in turn is S1, the first's
+        again = second.execute("SELECT 'second: ' || %s::text", ["3"], prepare=True)
+        assert again.fetchone() == ("first: 3",)  # the wrong statement, and no error
+    finally:
+        for client in (first, second, other):
+            client.close()
 
 
 def completed_run() -> tuple[Any, list[tuple[int, str]]]:
