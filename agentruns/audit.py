@@ -27,8 +27,8 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import connection
-from django.db.models import QuerySet, TextField
+from django.db import connection, transaction
+from django.db.models import Max, QuerySet, TextField
 from django.db.models.functions import Cast
 from django.utils.dateparse import parse_datetime
 
@@ -279,9 +279,13 @@ def verify(
             .annotate(payload_text=Cast("payload", TextField()))
             .values_list(*_EVENT_VALUES)
         )
-        for row in _raw_rows(events):
-            walks[row[0]].feed(row)
-            report.events += 1
+        # The server-side cursor lives and dies in this transaction (read-only work), so it
+        # never outlives it: behind a transaction-mode pooler every fetch meets the server
+        # session that declared it.
+        with transaction.atomic():
+            for row in _raw_rows(events):
+                walks[row[0]].feed(row)
+                report.events += 1
         for walk in walks.values():
             report.runs += 1
             broken = walk.finish()
@@ -291,7 +295,10 @@ def verify(
 
 def _raw_rows(queryset: QuerySet[Any, Any]) -> Iterator[tuple[Any, ...]]:
     """The rows of ``queryset`` as the database driver gives them, fetched in chunks through
-    a server-side cursor where the backend has one: no per-row conversion, flat memory."""
+    a server-side cursor where the backend has one: no per-row conversion, flat memory. Read
+    them inside a transaction (``verify``): in autocommit Django declares the cursor ``WITH
+    HOLD``, which outlives its transaction and so needs the same server session for every
+    fetch."""
     sql, params = queryset.query.sql_with_params()
     with connection.chunked_cursor() as cursor:
         cursor.execute(sql, params)
@@ -306,8 +313,12 @@ def export_lines(run: AgentRun) -> Iterator[str]:
     """A run's audit trail as JSON Lines: a ``run`` line (uuid, status, the head, how many
     events, the format), then one ``event`` line per event up to the one the head names, each
     with what its hash covers (its format ``v`` and key id ``key`` too) and its ``prev_hash`` and
-    ``hash``. Events appended after the head
-    was read are left out, so the file is one consistent prefix of the chain."""
+    ``hash``. Events appended after the head was read are left out, so the file is one
+    consistent prefix of the chain.
+
+    The events are read in pages of ``EVENTS_PER_FETCH`` by sequence, each page its own query:
+    flat memory, and nothing held open on the server while the client downloads (no cursor, no
+    transaction), so the export works the same behind a transaction-mode pooler."""
     head = getattr(run, ledger.HEAD_FIELD) or ledger.genesis(run.uuid)
     count = (
         AgentRunEvent.objects.filter(run_id=run.pk, hash=head)
@@ -319,6 +330,9 @@ def export_lines(run: AgentRun) -> Iterator[str]:
         events = events.filter(sequence__lte=count)
         total = count + 1
     else:
+        # No event is the head: every event there is now, and none appended later.
+        last = events.aggregate(last=Max("sequence"))["last"]
+        events = events.filter(sequence__lte=-1 if last is None else last)
         total = events.count()
     yield _line(
         {
@@ -344,7 +358,7 @@ def export_lines(run: AgentRun) -> Iterator[str]:
         "ledger_version",
         "ledger_key",
     )
-    for row in rows.iterator(chunk_size=EVENTS_PER_FETCH):
+    for row in _pages(rows):
         sequence, kind, payload, segment, epoch, actor_ref, prev, stored, ms, at, v, key = row
         yield _line(
             {
@@ -364,6 +378,17 @@ def export_lines(run: AgentRun) -> Iterator[str]:
                 "key": key,
             }
         )
+
+
+def _pages(rows: QuerySet[Any, Any]) -> Iterator[tuple[Any, ...]]:
+    """``rows`` (ordered by sequence, the sequence first) in pages of ``EVENTS_PER_FETCH``."""
+    after: int | None = None
+    while True:
+        page = list((rows if after is None else rows.filter(sequence__gt=after))[:EVENTS_PER_FETCH])
+        yield from page
+        if len(page) < EVENTS_PER_FETCH:
+            return
+        after = page[-1][0]
 
 
 def _line(record: dict[str, Any]) -> str:

@@ -114,11 +114,13 @@ DEFAULTS: dict[str, Any] = {
     # Most each initiator's runs may spend per UTC day, all configurations together (a decimal,
     # in COST_CURRENCY); empty: no per-user budget. Read by agentruns.budgets.
     "USER_DAILY_BUDGET": "",
-    # PostgreSQL (psycopg 3): the step boundary's statements are prepared on the server, once per
-    # connection, so each boundary is executed without being parsed and planned again. Switch it
-    # off behind a transaction-mode pooler that does not keep prepared statements (PgBouncer
-    # before 1.21, or without max_prepared_statements). Django's own queries are never prepared.
-    "PREPARED_STATEMENTS": True,
+    # PostgreSQL (psycopg 3): prepare the step boundary's statements on the server, once per
+    # connection, and execute them by name. Off: a transaction-mode pooler hands each transaction
+    # any server connection, where a name may be unknown, taken, or another client's statement.
+    # Turn it on only where every statement of a connection meets the server session that
+    # prepared it: PostgreSQL directly, a session-mode pooler, or PgBouncer >= 1.21 with
+    # max_prepared_statements > 0. Django's own queries are never prepared either way.
+    "PREPARED_STATEMENTS": False,
 }
 
 

@@ -8,8 +8,8 @@ the ORM would: values are adapted by the model fields (JSON as ``JSONField`` ada
 backend, timestamps as ``DateTimeField``), and the database clock is read with the very SQL
 Django compiles for ``Now()`` and ``Now() + duration``, so on SQLite (timestamps stored as text,
 compared as text) a deadline written here compares with ``Now()`` exactly like one written by
-the ORM. On PostgreSQL the statements are bound on the server and prepared once per connection
-(``cursor_for``).
+the ORM. On PostgreSQL the statements are bound on the server, and prepared once per connection
+when ``PREPARED_STATEMENTS`` is on (``cursor_for``).
 """
 
 from __future__ import annotations
@@ -102,10 +102,12 @@ def run_statement(db: BaseDatabaseWrapper, sql: str, params: list[Any]) -> int:
 def cursor_for(db: BaseDatabaseWrapper) -> Any:
     """A cursor for the precompiled statements. PostgreSQL with psycopg 3: one that binds the
     parameters on the server (sent beside the statement, never quoted into its text by the
-    client, which cost as much Python as the rest of a boundary) and, with
-    ``PREPARED_STATEMENTS`` (the default), prepares each statement on the server the first time
-    the connection runs it (``_PreparingCursor``); wrapped by Django like any cursor (query log,
-    execute wrappers)."""
+    client, which cost as much Python as the rest of a boundary) in one unnamed statement, which
+    holds no state between transactions (safe behind a transaction-mode pooler); with
+    ``PREPARED_STATEMENTS`` (off by default), it prepares each statement on the server the first
+    time the connection runs it (``_PreparingCursor``), which is only safe where the connection
+    keeps one server session (no transaction-mode pooler that does not track prepared
+    statements). Wrapped by Django like any cursor (query log, execute wrappers)."""
     if db.vendor != "postgresql" or _ServerCursor is None:
         return db.cursor()
     db.ensure_connection()

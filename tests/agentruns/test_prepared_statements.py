@@ -1,6 +1,11 @@
-"""PostgreSQL: the step boundary's statements are prepared on the server (``PREPARED_STATEMENTS``,
-docs/design.md §6.6), still appear in Django's query log, and are not prepared when the setting
-is off (a transaction-mode pooler that keeps no prepared statements)."""
+"""PostgreSQL: with ``PREPARED_STATEMENTS`` on, the step boundary's statements are prepared on
+the server (docs/design.md §6.6) and still appear in Django's query log; with it off (the
+default, safe behind a transaction-mode pooler that keeps no prepared statements) nothing is.
+
+``own_session``: the tests read their connection's prepared statements (``pg_prepared_statements``
+of its server session), which behind a transaction-mode pooler is whichever server session the
+query lands on; CI's pass through PgBouncer deselects them (tests/agentruns/test_pooler.py runs
+the setting through one)."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from tests.agentruns.runtime_support import call, config, tool_turn
 
 pytestmark = [
     pytest.mark.postgres,
+    pytest.mark.own_session,
     pytest.mark.django_db(transaction=True),  # autocommit, as in production
     pytest.mark.usefixtures("probes"),
 ]
