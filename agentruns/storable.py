@@ -121,6 +121,8 @@ TEXT = "text"  # NUL or a lone surrogate replaced by U+FFFD (in a value or a key
 NUMBER = "number"  # NaN / ±Infinity written as a string; an integer too long to write, likewise
 DEPTH = "depth"  # nesting past the bound replaced by a string saying so
 SIZE = "size"  # JSON past the bound replaced by a string holding its beginning
+#: Every kind, in the order a ``normalised`` list names them.
+KINDS = (TEXT, NUMBER, DEPTH, SIZE)
 #: What a number that is not finite is written as (the JSON text a server would have sent).
 NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 #: Above this many bits an integer may pass Python's limit on decimal digits (4,300); it is
@@ -184,7 +186,7 @@ def mend_json(value: Any, *, max_chars: int, max_depth: int = MAX_DEPTH) -> Mend
     if not complete or len(text) > max_chars:
         marks.add(SIZE)
         walked = _cut_json(text, max_chars, complete=complete)
-    return Mended(walked, tuple(kind for kind in (TEXT, NUMBER, DEPTH, SIZE) if kind in marks))
+    return Mended(walked, tuple(kind for kind in KINDS if kind in marks))
 
 
 def _bounded(value: Any, max_depth: int, limit: int) -> bool:

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from django.db import connection, transaction
@@ -39,7 +39,9 @@ from agentruns.exceptions import (
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, EventKind, Status
 from agentruns.services import decisions, dispatch
+from agentruns.storable import KINDS, TEXT, NotJson, mend_json, storable_text
 from agentruns.tools import CheckAnswer, CheckContext, registry
+from agentruns.tools.invocation import MAX_RESULT_CHARS, MAX_RESULT_DEPTH
 from agentruns.tools.registry import LANDED, MAX_EVIDENCE_CHARS
 from agentruns.turns import (
     CheckStatus,
@@ -94,16 +96,46 @@ def read_only() -> Iterator[None]:
 
 
 def _evidence(text: str) -> str:
+    text = storable_text(text)
     return text if len(text) <= MAX_EVIDENCE_CHARS else text[: MAX_EVIDENCE_CHARS - 1] + "…"
 
 
-def ask(run: AgentRun, pending: PendingTurn, *, attempt: int) -> tuple[str, str, Any]:
-    """Run the check of the call in doubt: ``(answer, evidence, result)`` where answer is
-    ``landed``, ``not_landed``, ``unknown``, ``error`` or ``timeout``."""
+class Asked(NamedTuple):
+    """What a check answered: ``landed``, ``not_landed``, ``unknown``, ``error`` or ``timeout``,
+    its evidence and result made storable (``normalised``: what was changed for that)."""
+
+    answer: str
+    evidence: str
+    result: Any = None
+    normalised: tuple[str, ...] = ()
+
+
+def _storable(answer: CheckAnswer) -> Asked:
+    """``answer`` as it may be stored, like a tool's result (``tools.invocation.stored_result``):
+    evidence and result mended and marked; a result JSON cannot hold is an ``error`` answer
+    (the verdict is not taken: a person, or the next check, decides)."""
+    evidence = storable_text(answer.evidence)
+    marks = {TEXT} if evidence is not answer.evidence else set()
+    try:
+        result = mend_json(answer.result, max_chars=MAX_RESULT_CHARS, max_depth=MAX_RESULT_DEPTH)
+    except NotJson as exc:
+        problem = str(exc)
+    except Exception as exc:  # a hostile value: its own code raised while it was read
+        problem = f"reading it raised {type(exc).__name__}"
+    else:
+        marks.update(result.normalised)
+        normalised = tuple(kind for kind in KINDS if kind in marks)
+        return Asked(answer.verdict, evidence, result.value, normalised)
+    said = f"it answered {answer.verdict}, with a result JSON cannot hold: {problem}"
+    return Asked(ERROR, _evidence(said))
+
+
+def ask(run: AgentRun, pending: PendingTurn, *, attempt: int) -> Asked:
+    """Run the check of the call in doubt: what it answered (``Asked``), made storable."""
     call = pending.call
     tool = registry.get(call.name) if call is not None else None
     if call is None or tool is None or tool.check is None:
-        return ERROR, "the call's tool no longer declares a check", None
+        return Asked(ERROR, "the call's tool no longer declares a check")
     timeout = float(conf.get("TOOL_TIMEOUT_SECONDS"))
     context = CheckContext(
         run_uuid=run.uuid,
@@ -125,11 +157,18 @@ def ask(run: AgentRun, pending: PendingTurn, *, attempt: int) -> tuple[str, str,
         if not isinstance(answer, CheckAnswer):
             raise TypeError(f"the check returned {type(answer).__name__}, not a CheckAnswer")
     except CheckTimedOut as exc:
-        return TIMEOUT, str(exc), None
+        return Asked(TIMEOUT, str(exc))
     except Exception as exc:
         logger.warning("run %s: the check of %s failed", run.uuid, call.name, exc_info=True)
-        return ERROR, _evidence(f"{type(exc).__name__}: {exc}"), None
-    return answer.verdict, answer.evidence, answer.result
+        return Asked(ERROR, _evidence(f"{type(exc).__name__}: {_message(exc)}"))
+    return _storable(answer)
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception as inner:
+        return f"(its message could not be read: {type(inner).__name__})"
 
 
 def _backoff(attempt: int) -> float:
@@ -168,6 +207,7 @@ def _note(
     answer: str,
     evidence: str,
     retry: bool,
+    normalised: tuple[str, ...] = (),
 ) -> str:
     """Record an answer that settles nothing; schedule the next check when one is left."""
     now = timezone.now()
@@ -181,19 +221,19 @@ def _note(
             return None
         return check.answered(answer=answer, evidence=evidence, at=now, next_at=next_at)
 
-    event = EventSpec(
-        EventKind.CHECK,
-        {
-            "by": "check",
-            "attempt": attempt,
-            "answer": answer,
-            "evidence": evidence,
-            "call_id": call.id if call is not None else "",
-            "name": call.name if call is not None else "",
-            "next_at": next_at.isoformat() if next_at is not None else None,
-            "left_to_person": next_at is None,
-        },
-    )
+    payload: dict[str, Any] = {
+        "by": "check",
+        "attempt": attempt,
+        "answer": answer,
+        "evidence": evidence,
+        "call_id": call.id if call is not None else "",
+        "name": call.name if call is not None else "",
+        "next_at": next_at.isoformat() if next_at is not None else None,
+        "left_to_person": next_at is None,
+    }
+    if normalised:  # what was changed so that the answer could be stored
+        payload["normalised"] = list(normalised)
+    event = EventSpec(EventKind.CHECK, payload)
     with transaction.atomic():
         written = transitions.run_note_check(
             run_uuid=run.uuid, change=change, turn_digest=pending.turn_digest, events=[event]
@@ -205,26 +245,25 @@ def _note(
     return f"{answer}: " + ("retrying" if next_at is not None else "left to a person")
 
 
-def _decide(
-    run: AgentRun, pending: PendingTurn, *, attempt: int, verdict: str, evidence: str, result: Any
-) -> str:
+def _decide(run: AgentRun, pending: PendingTurn, *, attempt: int, asked: Asked) -> str:
     """Apply a verdict through the same guarded transition a person's uses."""
     call = pending.call
-    landed_result = result if verdict == LANDED else None
-    event = EventSpec(
-        EventKind.RECONCILIATION,
-        {
-            "verdict": verdict,
-            "by": "check",
-            "evidence": evidence,
-            "attempt": attempt,
-            "turn_digest": pending.turn_digest,
-            "call": call.to_json() if call is not None else None,
-            "mode": "queued",
-            "decider": None,
-            "result": landed_result,
-        },
-    )
+    verdict, evidence = asked.answer, asked.evidence
+    landed_result = asked.result if verdict == LANDED else None
+    payload: dict[str, Any] = {
+        "verdict": verdict,
+        "by": "check",
+        "evidence": evidence,
+        "attempt": attempt,
+        "turn_digest": pending.turn_digest,
+        "call": call.to_json() if call is not None else None,
+        "mode": "queued",
+        "decider": None,
+        "result": landed_result,
+    }
+    if asked.normalised:  # what was changed so that the answer could be stored
+        payload["normalised"] = list(asked.normalised)
+    event = EventSpec(EventKind.RECONCILIATION, payload)
     decided = transitions.run_decide(
         run_uuid=run.uuid,
         expected_status=Status.WAITING_FOR_RECONCILIATION,
@@ -253,17 +292,11 @@ def run_check_in_doubt(*, run_uuid: UUID | str, attempt: int = 1) -> str:
     if started is None or started.check is None:
         return DECIDED_ELSEWHERE
     run = AgentRun.objects.get(uuid=run_uuid)
-    answer, evidence, result = ask(run, started, attempt=attempt)
+    asked = ask(run, started, attempt=attempt)
+    answer, evidence = asked.answer, asked.evidence
     if answer in (LANDED, "not_landed"):
         try:
-            return _decide(
-                run,
-                started,
-                attempt=attempt,
-                verdict=answer,
-                evidence=evidence,
-                result=result,
-            )
+            return _decide(run, started, attempt=attempt, asked=asked)
         except (AlreadyDecided, NotWaiting, StaleTurn, RunNotFound):
             return DECIDED_ELSEWHERE  # a person was first
         except UnreadableState as exc:
@@ -286,6 +319,7 @@ def run_check_in_doubt(*, run_uuid: UUID | str, attempt: int = 1) -> str:
         answer=answer,
         evidence=evidence,
         retry=attempt < started.check.limit,
+        normalised=asked.normalised,
     )
 
 
