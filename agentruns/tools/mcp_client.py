@@ -59,6 +59,9 @@ from agentruns.tools.registry import OutcomeUnknown, ToolContext
 
 MAX_LIST_PAGES = 50
 STDERR_CHARS = 1000
+#: How the SDK's HTTP client begins the parse error it answers a request with when the
+#: server's answer could not be read ("Failed to parse JSON response: …", "… SSE message: …").
+UNREADABLE_ANSWER = "Failed to parse"
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -308,7 +311,7 @@ def call_remote_tool(
     was sent), ``McpToolError`` (the server answered with an error) or ``OutcomeUnknown`` (sent,
     then no answer in time or the connection lost)."""
     from mcp.shared.exceptions import MCPError
-    from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+    from mcp_types import CONNECTION_CLOSED, PARSE_ERROR, REQUEST_TIMEOUT
 
     limit = call_limit(server, context)
     deadline = time.monotonic() + limit
@@ -357,6 +360,14 @@ def call_remote_tool(
             raise OutcomeUnknown(
                 f"{where}: the call was sent and then {short(exc.message)}{unknown}"
                 f"{_stderr_note(session.stderr())}"
+            ) from exc
+        if exc.code == PARSE_ERROR and exc.message.startswith(UNREADABLE_ANSWER):
+            # The SDK's own stand-in for an answer it could not read (not JSON, or JSON text
+            # its parser refuses, such as a lone surrogate's escape): the server did answer,
+            # but whether with a result or an error is unknown.
+            raise OutcomeUnknown(
+                f"{where}: the call was sent and the server answered, but its answer could not "
+                f"be read ({short(exc.message)}){unknown}"
             ) from exc
         raise McpToolError(f"{where}: the server refused the call: {short(exc.message)}") from exc
     except Exception as exc:
