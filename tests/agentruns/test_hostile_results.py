@@ -22,10 +22,18 @@ from django.db.models.functions import Now
 
 from agentruns import audit
 from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
-from agentruns.services import reaper, runs
+from agentruns.services import checks, reaper, runs
 from agentruns.services.runtime.transcript import tool_message_content
 from agentruns.storable import REPLACEMENT
-from agentruns.tools import Tool, ToolContext, invocation, registry
+from agentruns.tools import (
+    CheckAnswer,
+    CheckContext,
+    OutcomeUnknown,
+    Tool,
+    ToolContext,
+    invocation,
+    registry,
+)
 from agentruns.tools.invocation import MAX_RESULT_CHARS, MAX_RESULT_DEPTH
 from playground.models import Note
 from tests.agentruns.runtime_support import (
@@ -46,6 +54,7 @@ pytestmark = pytest.mark.django_db
 R = REPLACEMENT
 PATHS = ["sync", "worker"]
 TOOLS = ["hostile_read", "hostile_write"]
+ALL_TOOLS = [*TOOLS, "hostile_previewed", "hostile_doubtful"]
 
 
 @dataclass
@@ -67,6 +76,23 @@ class Hostile:
 
         return run
 
+    def doubtful(self, context: ToolContext, arguments: dict[str, Any]) -> Any:
+        self.body("hostile_write")(context, arguments)
+        raise OutcomeUnknown("the connection closed after the request was sent")
+
+    def check(self, context: CheckContext, arguments: dict[str, Any]) -> CheckAnswer:
+        return self.answer()
+
+    answer: Callable[[], CheckAnswer] = CheckAnswer.unknown
+
+
+def hostile_preview(context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "summary": "creates a note \x00",
+        "target": "notes\ud800",
+        "changes": [{"field": "title\x00", "before": math.nan, "after": {"t": "\udfff"}}],
+    }
+
 
 @pytest.fixture
 def hostile() -> Iterator[Hostile]:
@@ -85,6 +111,22 @@ def hostile() -> Iterator[Hostile]:
             parameters={"type": "object", "properties": {}},
             effect=Effect.NON_IDEMPOTENT_WRITE,
             func=recorder.body("hostile_write"),
+        ),
+        Tool(
+            name="hostile_previewed",
+            description="Test tool: a non-idempotent write whose preview cannot be stored.",
+            parameters={"type": "object", "properties": {}},
+            effect=Effect.NON_IDEMPOTENT_WRITE,
+            func=recorder.body("hostile_write"),
+            preview=hostile_preview,
+        ),
+        Tool(
+            name="hostile_doubtful",
+            description="Test tool: a write that lands, then cannot tell; its check can.",
+            parameters={"type": "object", "properties": {}},
+            effect=Effect.NON_IDEMPOTENT_WRITE,
+            func=recorder.doubtful,
+            check=recorder.check,
         ),
     ]
     for tool in tools:
@@ -112,7 +154,7 @@ def depth_of(value: Any) -> int:
 
 def run_to_the_end(name: str, path: str) -> AgentRun:
     """A run whose model calls ``name`` once, then answers "done"; a write is approved."""
-    configuration = config(tools=TOOLS, script=[tool_turn(call(name)), {"content": "done"}])
+    configuration = config(tools=ALL_TOOLS, script=[tool_turn(call(name)), {"content": "done"}])
     if path == "sync":
         run = runs.run_start_sync(configuration=configuration, prompt="go").run
         if run.status == Status.WAITING_FOR_APPROVAL:
@@ -385,3 +427,99 @@ def test_a_read_whose_process_dies_while_its_result_is_mended_runs_again_and_is_
     assert (tool["result"], tool["normalised"]) == ({"text": f"a{R}b"}, ["text"])
     assert_released(run)
     assert audit.verify(run_uuid=run.uuid).intact
+
+
+# --- previews and check answers -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_preview_no_column_can_store_is_mended_marked_and_still_holds(
+    hostile, scripted_recordings, path
+):
+    """The preview is stored with the turn waiting for approval (and digested): mended and
+    marked, and made again before the approved write runs, it still shows what was approved."""
+    hostile.returns = lambda: {"ok": True}
+    configuration = config(
+        tools=ALL_TOOLS, script=[tool_turn(call("hostile_previewed")), {"content": "done"}]
+    )
+    waiting = runs.run_start_sync(configuration=configuration, prompt="go").run
+    assert waiting.status == Status.WAITING_FOR_APPROVAL
+    (shown,) = waiting.pending_turn["calls"]
+    assert shown["preview"] == {
+        "summary": f"creates a note {R}",
+        "target": f"notes{R}",
+        "changes": [{"field": f"title{R}", "before": "NaN", "after": {"t": R}}],
+        "normalised": ["text", "number"],
+    }
+    assert hostile.ran == []
+
+    if path == "sync":
+        decide_inline(waiting)
+    else:
+        runs.run_decide(
+            run_uuid=waiting.uuid,
+            actor=decider(),
+            approved=True,
+            turn_digest=waiting.pending_turn["turn_digest"],
+            mode="queued",
+        )
+        runs.run_process_queued(run_uuid=waiting.uuid)
+
+    run = AgentRun.objects.get(pk=waiting.pk)
+    assert not [e for e in events(run) if e.kind == EventKind.VERIFICATION]
+    tool = assert_ran_once_and_completed(run, hostile, "hostile_write")
+    assert (tool["name"], tool["result"]) == ("hostile_previewed", {"ok": True})
+
+
+def doubtful_run(hostile: Hostile) -> AgentRun:
+    """A run whose approved write landed and then could not tell: waiting for its check."""
+    configuration = config(
+        tools=ALL_TOOLS, script=[tool_turn(call("hostile_doubtful")), {"content": "done"}]
+    )
+    waiting = runs.run_start_sync(configuration=configuration, prompt="go").run
+    run = decide_inline(waiting).run
+    assert run.status == Status.WAITING_FOR_RECONCILIATION
+    assert [ran[0] for ran in hostile.ran] == ["hostile_write"]
+    return run
+
+
+def test_a_check_s_answer_no_column_can_store_is_mended_and_marked(hostile, scripted_recordings):
+    hostile.answer = lambda: CheckAnswer.landed(
+        "found note \x00 by its key", result={"id": "a\ud800", "n": math.nan}
+    )
+    run = doubtful_run(hostile)
+
+    assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "landed"
+    runs.run_process_queued(run_uuid=run.uuid)
+
+    run.refresh_from_db()
+    assert (run.status, run.output) == (Status.COMPLETED, "done")
+    (verdict,) = [e.payload for e in events(run) if e.kind == EventKind.RECONCILIATION]
+    assert verdict["evidence"] == f"found note {R} by its key"
+    assert verdict["result"] == {"id": f"a{R}", "n": "NaN"}
+    assert verdict["normalised"] == ["text", "number"]
+    (tool,) = [e.payload for e in events(run) if e.kind == EventKind.TOOL]
+    assert tool["outcome"] == "reconciled_landed"
+    assert tool["result"]["result"] == {"id": f"a{R}", "n": "NaN"}
+    assert [ran[0] for ran in hostile.ran] == ["hostile_write"]  # never run again
+    assert Note.objects.count() == 1
+    assert_released(run)
+    assert audit.verify(run_uuid=run.uuid).intact
+
+
+def test_a_check_s_result_json_cannot_hold_is_an_error_answer_and_takes_no_verdict(hostile):
+    hostile.answer = lambda: CheckAnswer.landed("found it", result={"raw": b"\x00"})
+    run = doubtful_run(hostile)
+
+    answered = checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1)
+
+    assert answered == "error: retrying"
+    run.refresh_from_db()
+    assert run.status == Status.WAITING_FOR_RECONCILIATION
+    (noted,) = [e.payload for e in events(run) if e.kind == EventKind.CHECK]
+    assert noted["answer"] == "error"
+    assert noted["evidence"] == (
+        "it answered landed, with a result JSON cannot hold: a value of type 'bytes' at $.raw"
+    )
+    assert not [e for e in events(run) if e.kind == EventKind.RECONCILIATION]
+    assert [ran[0] for ran in hostile.ran] == ["hostile_write"]
