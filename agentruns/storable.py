@@ -7,7 +7,9 @@ NUL), a lone surrogate such as ``"\\ud800"`` (not encodable as UTF-8), and ``nan
 ``JSON_VALID`` check refuse it). Python's ``json`` parses all of them, and ``1e999`` as ``inf``.
 Every value that comes from outside (a request, a form, a provider's reply) is checked here
 before anything stores it: ``json_problem`` says what is wrong in words a person can read,
-``storable_text`` replaces what cannot be stored in free text.
+``storable_text`` replaces what cannot be stored in free text. A value that reports something
+that already happened (a tool's result, a preview, a check's answer) is mended instead of
+refused: ``mend_json`` returns it storable and names what it changed.
 
 Free of Django: the API parser, forms, models' ``clean`` and the providers all use it.
 """

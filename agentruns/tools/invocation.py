@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentruns.storable import TEXT, NotJson, mend_json, storable_text
+from agentruns.storable import KINDS, TEXT, Mended, NotJson, mend_json, storable_text
 from agentruns.tools.registry import (
     UNPARSED_ARGUMENTS_KEY,
     OutcomeUnknown,
@@ -151,8 +151,12 @@ def stored_result(name: str, returned: Any) -> ToolResult:
     surrogates → U+FFFD, NaN / Infinity → ``"NaN"`` / ``"Infinity"``, nesting past
     ``MAX_RESULT_DEPTH`` and JSON past ``MAX_RESULT_CHARS`` cut, each named in ``normalised``).
     A value JSON cannot hold at all (bytes, an object, a circular structure), or one that
-    raises while it is read, is an error result saying that the tool ran. Never raises (but a
-    ``BaseException``)."""
+    raises while it is read, is an error result saying that the tool ran. A tool that had to
+    mend what it received itself (an MCP answer read off the wire) returns ``Mended``: its marks
+    are kept with these. Never raises (but a ``BaseException``)."""
+    earlier: tuple[str, ...] = ()
+    if isinstance(returned, Mended):
+        returned, earlier = returned.value, tuple(returned.normalised)
     try:
         mended = mend_json(returned, max_chars=MAX_RESULT_CHARS, max_depth=MAX_RESULT_DEPTH)
     except NotJson as exc:
@@ -160,7 +164,9 @@ def stored_result(name: str, returned: Any) -> ToolResult:
     except Exception as exc:  # a hostile value: its own code raised while it was read
         problem = f"reading it raised {type(exc).__name__}"
     else:
-        return ToolResult(ok=True, content=mended.value, normalised=mended.normalised)
+        marks = {*earlier, *mended.normalised}
+        normalised = tuple(kind for kind in KINDS if kind in marks)
+        return ToolResult(ok=True, content=mended.value, normalised=normalised)
     logger.error("tool %r returned what JSON cannot hold: %s", name, one_line(problem))
     return ToolResult.failure(f"tool {name!r} ran, but returned what JSON cannot hold: {problem}")
 

@@ -38,6 +38,7 @@ from agentruns import conf
 from agentruns.exceptions import SecretEnvRefused
 from agentruns.models import McpServer, McpTransport
 from agentruns.secrets import check_secret_env, read_secret_env
+from agentruns.storable import TEXT, Mended
 from agentruns.tools.mcp_errors import (
     MAX_MESSAGE_CHARS,
     McpCallFailed,
@@ -55,6 +56,7 @@ from agentruns.tools.mcp_sessions import (
     current_scope,
 )
 from agentruns.tools.mcp_stdio import StdioProcess, stdio_transport
+from agentruns.tools.mcp_wire import MendingTransport, Mends
 from agentruns.tools.registry import OutcomeUnknown, ToolContext
 
 MAX_LIST_PAGES = 50
@@ -152,6 +154,7 @@ def new_session(server: McpServer, timeout: float) -> RemoteSession:
         raise McpRefused(f"MCP server {server.name!r} has no URL")
     headers = _headers(server)
     url = server.url
+    mends = Mends()
 
     @asynccontextmanager
     async def http() -> AsyncIterator[Any]:
@@ -159,12 +162,14 @@ def new_session(server: McpServer, timeout: float) -> RemoteSession:
         from mcp import Client
         from mcp.client.streamable_http import streamable_http_client
 
-        async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(timeout)) as http:
+        async with httpx2.AsyncClient(
+            headers=headers, timeout=httpx2.Timeout(timeout), transport=MendingTransport(mends)
+        ) as http:
             transport = streamable_http_client(url, http_client=http)
             async with Client(transport, read_timeout_seconds=timeout, cache=None) as client:
                 yield client
 
-    return RemoteSession(http)
+    return RemoteSession(http, mends=mends)
 
 
 def session_key(server: McpServer, timeout: float) -> tuple[Any, ...]:
@@ -305,11 +310,12 @@ class _Handover:
 
 def call_remote_tool(
     server: McpServer, tool_name: str, arguments: dict[str, Any], context: ToolContext
-) -> dict[str, Any]:
+) -> dict[str, Any] | Mended:
     """Call one remote tool and return what the model sees; the idempotency key and fencing
     token travel in the request's ``_meta``. Raises ``McpRefused`` or ``McpCallFailed`` (nothing
     was sent), ``McpToolError`` (the server answered with an error) or ``OutcomeUnknown`` (sent,
-    then no answer in time or the connection lost)."""
+    then no answer in time or the connection lost). An answer that held lone surrogates'
+    escapes, read as U+FFFD (``mcp_wire``), comes back as ``Mended`` marked ``text``."""
     from mcp.shared.exceptions import MCPError
     from mcp_types import CONNECTION_CLOSED, PARSE_ERROR, REQUEST_TIMEOUT
 
@@ -324,6 +330,7 @@ def call_remote_tool(
     where = f"MCP server {server.name!r}, tool {tool_name!r}"
     unknown = "; whether it took effect is unknown"
     session, owned = _open(server, limit, deadline)
+    mended_before = session.mends.count if session.mends is not None else 0
     handover = _Handover()
 
     async def call(client: Any) -> Any:
@@ -383,6 +390,8 @@ def call_remote_tool(
             session.close()
     if result.is_error:
         raise McpToolError(f"MCP tool {tool_name!r} reported an error: {_error_text(result)}")
+    if session.mends is not None and session.mends.count != mended_before:
+        return Mended(_content(result), (TEXT,))
     return _content(result)
 
 

@@ -3,14 +3,15 @@
 (``tests.support.mcp_server.TicketServer(hostile=True)`` over streamable HTTP, and
 ``tests/support/mcp_stdio_server.py --hostile`` over stdio): text content holding ``\\u0000``,
 structured content holding the JSON text ``NaN`` / ``Infinity`` or a lone surrogate's escape
-(``\\ud800``), and a result of several megabytes.
+(``\\ud800``, which the SDK's own parser refuses: Leasehold reads it, over HTTP through
+``mcp_wire.MendingTransport``, over stdio in its own transport), and a result of several
+megabytes.
 
 A read (listed in the row's ``read_only_tools``) and an approved non-idempotent write each run
 once on the server, the run completes, and the ``tool`` event stores the result mended and
-marked. One answer is not readable at all: the SDK's HTTP client refuses JSON text holding a lone
-surrogate's escape, so whether the server answered with a result or an error is unknown — a read
-gets an error result, a write waits for reconciliation (never sent again). Over stdio, whose
-parsing is Leasehold's, the same bytes are read and mended. Run on SQLite and PostgreSQL.
+marked. An answer no parser reads (an escape JSON does not have) leaves unknown whether the server
+answered with a result or an error: a read gets an error result, a write waits for reconciliation
+(never sent again). Run on SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -128,6 +129,15 @@ MENDED: dict[str, tuple[str, str, Any, list[str]]] = {
         ),
         ["number"],
     ),
+    "surrogate-structured": (
+        "hostile_structured",
+        "surrogate",
+        lambda result: (
+            result["structuredContent"] == {"value": f"a{R}b", "list": [R]}
+            and f'"a{R}b"' in result["content"][0]["text"]
+        ),
+        ["text"],
+    ),
     "huge": ("hostile_text", "huge", huge_and_cut, ["size"]),
 }
 
@@ -156,7 +166,7 @@ def test_a_remote_read_whose_answer_cannot_be_read_is_an_error_the_model_reads(
 ):
     row = http_row(hostile_mcp_server, "read")
 
-    run = run_call(row, "hostile_structured", "surrogate")
+    run = run_call(row, "hostile_structured", "broken")
 
     tool = completed_with_one_tool_event(run)
     assert tool["ok"] is False
@@ -170,7 +180,7 @@ def test_a_remote_write_whose_answer_cannot_be_read_waits_for_reconciliation_nev
 ):
     row = http_row(hostile_mcp_server, "write")
 
-    run = run_call(row, "hostile_structured", "surrogate")
+    run = run_call(row, "hostile_structured", "broken")
 
     assert run.status == Status.WAITING_FOR_RECONCILIATION
     (doubt,) = [e.payload for e in events(run) if e.kind == EventKind.IN_DOUBT]
@@ -192,15 +202,7 @@ def test_a_remote_write_whose_answer_cannot_be_read_waits_for_reconciliation_nev
 
 # --- over stdio, whose messages Leasehold reads itself -------------------------------------------
 
-STDIO: dict[str, tuple[str, str, Any, list[str]]] = {
-    "surrogate-structured": (
-        "hostile_structured",
-        "surrogate",
-        lambda result: result["structuredContent"] == {"value": f"a{R}b", "list": [R]},
-        ["text"],
-    ),
-    "nan-structured": MENDED["nan-structured"],
-}
+STDIO = {case: MENDED[case] for case in ("surrogate-structured", "nan-structured")}
 
 
 @stdio_allowed

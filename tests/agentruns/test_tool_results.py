@@ -29,6 +29,7 @@ from agentruns.storable import (
 )
 from agentruns.tools import Tool, ToolContext, invoke_tool
 from agentruns.tools.invocation import MAX_RESULT_CHARS, MAX_RESULT_DEPTH, stored_result
+from agentruns.tools.mcp_wire import mend_line
 from agentruns.tools.registry import OutcomeUnknown, RemoteToolError
 
 R = REPLACEMENT
@@ -330,3 +331,26 @@ def test_stored_result_never_raises_for_the_tool_s_sake() -> None:
     with pytest.raises(NotJson):
         mend_json(object(), max_chars=100)
     assert stored_result("t", object()).ok is False
+
+
+# --- an MCP answer over HTTP: lone surrogates' escapes rewritten before the SDK parses it -------
+
+
+@pytest.mark.parametrize(
+    ("wire", "mended", "count"),
+    [
+        (rb'{"a":"x\ud800y"}', rb'{"a":"x\ufffdy"}', 1),
+        (rb'["\udc00\ud800"]', rb'["\ufffd\ufffd"]', 2),
+        (rb'["\ud800\ud800\udc00"]', rb'["\ufffd\ud800\udc00"]', 1),  # then a valid pair
+        (rb'["\ud83d\ude00", "\uD83D\uDE00"]', rb'["\ud83d\ude00", "\uD83D\uDE00"]', 0),
+        (rb'["\\ud800"]', rb'["\\ud800"]', 0),  # an escaped backslash, then the letters "ud800"
+        (rb'["\\\ud800"]', rb'["\\\ufffd"]', 1),  # an escaped backslash, then an escape
+        (rb'["\u0041"]', rb'["\u0041"]', 0),
+    ],
+)
+def test_the_http_transport_rewrites_exactly_the_lone_surrogate_escapes(
+    wire: bytes, mended: bytes, count: int
+) -> None:
+    assert mend_line(wire) == (mended, count)
+    assert len(mended) == len(wire)  # the body's length does not change
+    json.loads(mended.decode())  # and it is still JSON

@@ -18,10 +18,11 @@ names as ``tests.support.mcp_server.TicketServer``):
 MCP (a server started with a bad argument). Every recorded call carries the server's ``pid``.
 
 ``--hostile`` as the first argument adds tools whose results no column can store (``HOSTILE``:
-``hostile(kind)`` for each kind, recorded like the others), and writes what the SDK would send
-through ``raw_wire``: the sentinels ``"__NaN__"``, ``"__Infinity__"``, ``"__-Infinity__"`` become
-the JSON text ``NaN`` / ``Infinity`` / ``-Infinity``, and ``__LONE__`` inside a string the escape
-of a lone surrogate (``\ud800``) — bytes no SDK writes, which a hostile server sends.
+``hostile_text(kind)`` and ``hostile_structured(kind)``, recorded like the others), and writes
+what the SDK would send through ``raw_wire``: the sentinels ``"__NaN__"``, ``"__Infinity__"``,
+``"__-Infinity__"`` become the JSON text ``NaN`` / ``Infinity`` / ``-Infinity``, ``__LONE__``
+inside a string the escape of a lone surrogate (``\\ud800``) and ``__BROKEN__`` the escape
+``\\x``, which is not JSON at all: bytes no SDK writes, which a hostile server sends.
 
 With ``CALL_LOG`` every tool call appends one JSON line (``{"tool", "arguments", "meta"}``)
 to that file, so a test can count the calls that reached the process. ``STDIO_COMMAND`` is
@@ -52,12 +53,14 @@ HOSTILE: dict[str, Any] = {
     "surrogate": {"value": "a__LONE__b", "list": ["__LONE__"]},
     "nan": {"value": "__NaN__", "list": ["__Infinity__", "__-Infinity__", 1.5]},
     "huge": "x" * 3_000_000,
+    "broken": {"value": "a__BROKEN__b"},
 }
 _RAW = {
     '"__NaN__"': "NaN",
     '"__Infinity__"': "Infinity",
     '"__-Infinity__"': "-Infinity",
     "__LONE__": "\\ud800",
+    "__BROKEN__": "\\x",  # an escape JSON does not have: no parser reads the answer
 }
 
 
