@@ -294,6 +294,17 @@ _HOSTILE_TEXT = st.text(
     ),
     max_size=20,
 )
+_KEYS = st.one_of(_HOSTILE_TEXT, st.integers(), st.floats())
+
+
+def _containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.lists(children, max_size=5),
+        st.tuples(children, children),
+        st.dictionaries(_KEYS, children, max_size=5),
+    )
+
+
 _HOSTILE = st.recursive(
     st.one_of(
         st.none(),
@@ -302,16 +313,12 @@ _HOSTILE = st.recursive(
         st.floats(allow_nan=True, allow_infinity=True),
         _HOSTILE_TEXT,
     ),
-    lambda children: st.one_of(
-        st.lists(children, max_size=5),
-        st.tuples(children, children),
-        st.dictionaries(st.one_of(_HOSTILE_TEXT, st.integers(), st.floats()), children, max_size=5),
-    ),
+    _containers,
     max_leaves=60,
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(_HOSTILE, st.integers(min_value=1, max_value=8), st.integers(min_value=300, max_value=3000))
 def test_any_json_like_value_is_mended_into_storable_json_that_mends_to_itself(
     value: Any, max_depth: int, max_chars: int
