@@ -35,6 +35,7 @@ from agentruns.tools import (
     registry,
 )
 from agentruns.tools.invocation import MAX_RESULT_CHARS, MAX_RESULT_DEPTH
+from playground import trace
 from playground.models import Note
 from tests.agentruns.runtime_support import (
     assert_contiguous,
@@ -266,6 +267,16 @@ def test_a_result_no_column_can_store_is_mended_marked_and_the_run_goes_on(
     assert as_stored(tool["result"]), str(tool["result"])[:300]
     assert tool["normalised"] == marks
     assert json.loads(tool_message_content(tool)) == tool["result"]
+
+
+def test_the_playground_trace_says_the_result_was_altered_for_storage(hostile, scripted_recordings):
+    hostile.returns = lambda: {"text": "a\x00b", "n": math.nan}
+    run = run_to_the_end("hostile_read", "sync")
+
+    steps = trace.stored_steps(run, events(run))
+
+    (shown,) = [trace.render_step(s) for s in steps if s["kind"] == EventKind.TOOL]
+    assert "Altered so that it could be stored: text, number" in shown
 
 
 def test_a_clean_result_is_not_marked(hostile, scripted_recordings):
