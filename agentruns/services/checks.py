@@ -245,25 +245,35 @@ def _note(
     return f"{answer}: " + ("retrying" if next_at is not None else "left to a person")
 
 
-def _decide(run: AgentRun, pending: PendingTurn, *, attempt: int, asked: Asked) -> str:
-    """Apply a verdict through the same guarded transition a person's uses."""
+def _decide(
+    run: AgentRun,
+    pending: PendingTurn,
+    *,
+    attempt: int,
+    verdict: str,
+    evidence: str,
+    result: Any,
+    normalised: tuple[str, ...] = (),
+) -> str:
+    """Apply a verdict through the same guarded transition a person's uses. ``normalised``:
+    what was changed so that the check's answer could be stored (``Asked``)."""
     call = pending.call
-    verdict, evidence = asked.answer, asked.evidence
-    landed_result = asked.result if verdict == LANDED else None
-    payload: dict[str, Any] = {
-        "verdict": verdict,
-        "by": "check",
-        "evidence": evidence,
-        "attempt": attempt,
-        "turn_digest": pending.turn_digest,
-        "call": call.to_json() if call is not None else None,
-        "mode": "queued",
-        "decider": None,
-        "result": landed_result,
-    }
-    if asked.normalised:  # what was changed so that the answer could be stored
-        payload["normalised"] = list(asked.normalised)
-    event = EventSpec(EventKind.RECONCILIATION, payload)
+    landed_result = result if verdict == LANDED else None
+    event = EventSpec(
+        EventKind.RECONCILIATION,
+        {
+            "verdict": verdict,
+            "by": "check",
+            "evidence": evidence,
+            "attempt": attempt,
+            "turn_digest": pending.turn_digest,
+            "call": call.to_json() if call is not None else None,
+            "mode": "queued",
+            "decider": None,
+            "result": landed_result,
+            **({"normalised": list(normalised)} if normalised else {}),
+        },
+    )
     decided = transitions.run_decide(
         run_uuid=run.uuid,
         expected_status=Status.WAITING_FOR_RECONCILIATION,
@@ -292,11 +302,18 @@ def run_check_in_doubt(*, run_uuid: UUID | str, attempt: int = 1) -> str:
     if started is None or started.check is None:
         return DECIDED_ELSEWHERE
     run = AgentRun.objects.get(uuid=run_uuid)
-    asked = ask(run, started, attempt=attempt)
-    answer, evidence = asked.answer, asked.evidence
+    answer, evidence, result, normalised = ask(run, started, attempt=attempt)
     if answer in (LANDED, "not_landed"):
         try:
-            return _decide(run, started, attempt=attempt, asked=asked)
+            return _decide(
+                run,
+                started,
+                attempt=attempt,
+                verdict=answer,
+                evidence=evidence,
+                result=result,
+                normalised=normalised,
+            )
         except (AlreadyDecided, NotWaiting, StaleTurn, RunNotFound):
             return DECIDED_ELSEWHERE  # a person was first
         except UnreadableState as exc:
@@ -319,7 +336,7 @@ def run_check_in_doubt(*, run_uuid: UUID | str, attempt: int = 1) -> str:
         answer=answer,
         evidence=evidence,
         retry=attempt < started.check.limit,
-        normalised=asked.normalised,
+        normalised=normalised,
     )
 
 
