@@ -253,10 +253,9 @@ def _decide(
     verdict: str,
     evidence: str,
     result: Any,
-    normalised: tuple[str, ...] = (),
+    normalised: tuple[str, ...] = (),  # what was changed so the answer could be stored (Asked)
 ) -> str:
-    """Apply a verdict through the same guarded transition a person's uses. ``normalised``:
-    what was changed so that the check's answer could be stored (``Asked``)."""
+    """Apply a verdict through the same guarded transition a person's uses."""
     call = pending.call
     landed_result = result if verdict == LANDED else None
     event = EventSpec(
