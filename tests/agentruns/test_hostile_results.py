@@ -21,6 +21,7 @@ import pytest
 from django.db.models.functions import Now
 
 from agentruns import audit
+from agentruns.api.serializers import pending_turn_view
 from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
 from agentruns.services import checks, reaper, runs
 from agentruns.services.runtime.transcript import tool_message_content
@@ -51,6 +52,14 @@ from tests.agentruns.runtime_support import (
 )
 
 pytestmark = pytest.mark.django_db
+
+
+def card_digest(run: AgentRun) -> str:
+    """The digest of the pending turn as a client is shown it (the API's view of the card)."""
+    view = pending_turn_view(AgentRun.objects.select_related("configuration").get(pk=run.pk))
+    assert view is not None
+    return str(view["turn_digest"])
+
 
 R = REPLACEMENT
 PATHS = ["sync", "worker"]
@@ -396,7 +405,7 @@ def test_a_write_whose_process_dies_while_its_result_is_mended_is_in_doubt_never
         run_uuid=run.uuid,
         actor=decider(),
         verdict="landed",
-        turn_digest=run.pending_turn["turn_digest"],
+        turn_digest=card_digest(run),  # the digest a person is shown and sends
         mode="inline",
     )
 

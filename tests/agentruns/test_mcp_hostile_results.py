@@ -25,6 +25,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from agentruns import audit
+from agentruns.api.serializers import pending_turn_view
 from agentruns.models import AgentRun, EventKind, McpServer, McpTransport, Status
 from agentruns.services import runs
 from agentruns.services.mcp_sync import mcp_server_sync
@@ -45,6 +46,14 @@ from tests.support.mcp_server import TicketServer, server_row
 from tests.support.mcp_stdio_server import HOSTILE, read_calls, stdio_command
 
 pytestmark = pytest.mark.django_db
+
+
+def card_digest(run: AgentRun) -> str:
+    """The digest of the pending turn as a client is shown it (the API's view of the card)."""
+    view = pending_turn_view(AgentRun.objects.select_related("configuration").get(pk=run.pk))
+    assert view is not None
+    return str(view["turn_digest"])
+
 
 R = REPLACEMENT
 HOSTILE_TOOLS = ["hostile_text", "hostile_structured"]
@@ -190,7 +199,7 @@ def test_a_remote_write_whose_answer_cannot_be_read_waits_for_reconciliation_nev
         run_uuid=run.uuid,
         actor=decider(),
         verdict="landed",
-        turn_digest=run.pending_turn["turn_digest"],
+        turn_digest=card_digest(run),  # the digest a person is shown and sends
         mode="inline",
     )
     run.refresh_from_db()
