@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 from uuid import UUID
 
 from django.db import connection, transaction
@@ -100,42 +100,13 @@ def _evidence(text: str) -> str:
     return text if len(text) <= MAX_EVIDENCE_CHARS else text[: MAX_EVIDENCE_CHARS - 1] + "…"
 
 
-class Asked(NamedTuple):
-    """What a check answered: ``landed``, ``not_landed``, ``unknown``, ``error`` or ``timeout``,
-    its evidence and result made storable (``normalised``: what was changed for that)."""
-
-    answer: str
-    evidence: str
-    result: Any = None
-    normalised: tuple[str, ...] = ()
-
-
-def _storable(answer: CheckAnswer) -> Asked:
-    """``answer`` as it may be stored, like a tool's result (``tools.invocation.stored_result``):
-    evidence and result mended and marked; a result JSON cannot hold is an ``error`` answer
-    (the verdict is not taken: a person, or the next check, decides)."""
-    evidence = storable_text(answer.evidence)
-    marks = {TEXT} if evidence is not answer.evidence else set()
-    try:
-        result = mend_json(answer.result, max_chars=MAX_RESULT_CHARS, max_depth=MAX_RESULT_DEPTH)
-    except NotJson as exc:
-        problem = str(exc)
-    except Exception as exc:  # a hostile value: its own code raised while it was read
-        problem = f"reading it raised {type(exc).__name__}"
-    else:
-        marks.update(result.normalised)
-        normalised = tuple(kind for kind in KINDS if kind in marks)
-        return Asked(answer.verdict, evidence, result.value, normalised)
-    said = f"it answered {answer.verdict}, with a result JSON cannot hold: {problem}"
-    return Asked(ERROR, _evidence(said))
-
-
-def ask(run: AgentRun, pending: PendingTurn, *, attempt: int) -> Asked:
-    """Run the check of the call in doubt: what it answered (``Asked``), made storable."""
+def ask(run: AgentRun, pending: PendingTurn, *, attempt: int) -> tuple[str, str, Any]:
+    """Run the check of the call in doubt: ``(answer, evidence, result)`` where answer is
+    ``landed``, ``not_landed``, ``unknown``, ``error`` or ``timeout``."""
     call = pending.call
     tool = registry.get(call.name) if call is not None else None
     if call is None or tool is None or tool.check is None:
-        return Asked(ERROR, "the call's tool no longer declares a check")
+        return ERROR, "the call's tool no longer declares a check", None
     timeout = float(conf.get("TOOL_TIMEOUT_SECONDS"))
     context = CheckContext(
         run_uuid=run.uuid,
@@ -157,11 +128,11 @@ def ask(run: AgentRun, pending: PendingTurn, *, attempt: int) -> Asked:
         if not isinstance(answer, CheckAnswer):
             raise TypeError(f"the check returned {type(answer).__name__}, not a CheckAnswer")
     except CheckTimedOut as exc:
-        return Asked(TIMEOUT, str(exc))
+        return TIMEOUT, str(exc), None
     except Exception as exc:
         logger.warning("run %s: the check of %s failed", run.uuid, call.name, exc_info=True)
-        return Asked(ERROR, _evidence(f"{type(exc).__name__}: {_message(exc)}"))
-    return _storable(answer)
+        return ERROR, _evidence(f"{type(exc).__name__}: {_message(exc)}"), None
+    return answer.verdict, answer.evidence, answer.result
 
 
 def _message(exc: BaseException) -> str:
@@ -169,6 +140,28 @@ def _message(exc: BaseException) -> str:
         return str(exc)
     except Exception as inner:
         return f"(its message could not be read: {type(inner).__name__})"
+
+
+def storable_answer(
+    answer: str, evidence: str, result: Any
+) -> tuple[str, str, Any, tuple[str, ...]]:
+    """What ``ask`` found, as it may be stored, like a tool's result
+    (``tools.invocation.stored_result``): the evidence and the result mended, with what was
+    changed (``normalised``); a result JSON cannot hold makes the answer an ``error`` (its
+    verdict is not taken: the next check, or a person, decides). Never raises."""
+    cleaned = storable_text(evidence)
+    marks = {TEXT} if cleaned is not evidence else set()
+    try:
+        mended = mend_json(result, max_chars=MAX_RESULT_CHARS, max_depth=MAX_RESULT_DEPTH)
+    except NotJson as exc:
+        problem = str(exc)
+    except Exception as exc:  # a hostile value: its own code raised while it was read
+        problem = f"reading it raised {type(exc).__name__}"
+    else:
+        marks.update(mended.normalised)
+        return answer, cleaned, mended.value, tuple(kind for kind in KINDS if kind in marks)
+    said = f"it answered {answer}, with a result JSON cannot hold: {problem}"
+    return ERROR, _evidence(said), None, ()
 
 
 def _backoff(attempt: int) -> float:
@@ -221,19 +214,20 @@ def _note(
             return None
         return check.answered(answer=answer, evidence=evidence, at=now, next_at=next_at)
 
-    payload: dict[str, Any] = {
-        "by": "check",
-        "attempt": attempt,
-        "answer": answer,
-        "evidence": evidence,
-        "call_id": call.id if call is not None else "",
-        "name": call.name if call is not None else "",
-        "next_at": next_at.isoformat() if next_at is not None else None,
-        "left_to_person": next_at is None,
-    }
-    if normalised:  # what was changed so that the answer could be stored
-        payload["normalised"] = list(normalised)
-    event = EventSpec(EventKind.CHECK, payload)
+    event = EventSpec(
+        EventKind.CHECK,
+        {
+            "by": "check",
+            "attempt": attempt,
+            "answer": answer,
+            "evidence": evidence,
+            "call_id": call.id if call is not None else "",
+            "name": call.name if call is not None else "",
+            "next_at": next_at.isoformat() if next_at is not None else None,
+            "left_to_person": next_at is None,
+            **({"normalised": list(normalised)} if normalised else {}),
+        },
+    )
     with transaction.atomic():
         written = transitions.run_note_check(
             run_uuid=run.uuid, change=change, turn_digest=pending.turn_digest, events=[event]
@@ -253,7 +247,7 @@ def _decide(
     verdict: str,
     evidence: str,
     result: Any,
-    normalised: tuple[str, ...] = (),  # what was changed so the answer could be stored (Asked)
+    normalised: tuple[str, ...] = (),  # what was changed so the answer could be stored
 ) -> str:
     """Apply a verdict through the same guarded transition a person's uses."""
     call = pending.call
@@ -301,7 +295,7 @@ def run_check_in_doubt(*, run_uuid: UUID | str, attempt: int = 1) -> str:
     if started is None or started.check is None:
         return DECIDED_ELSEWHERE
     run = AgentRun.objects.get(uuid=run_uuid)
-    answer, evidence, result, normalised = ask(run, started, attempt=attempt)
+    answer, evidence, result, normalised = storable_answer(*ask(run, started, attempt=attempt))
     if answer in (LANDED, "not_landed"):
         try:
             return _decide(
