@@ -85,6 +85,7 @@ class ToolPayload(TypedDict, total=False):
     error: str | None
     idempotency_key: str
     content: str  # a reconciled call: what the model reads
+    normalised: list[str]  # what was mended for storage (text, number, depth, size)
 
 
 class ApprovalPayload(TypedDict, total=False):
@@ -133,6 +134,7 @@ class ReconciliationPayload(TypedDict, total=False):
     evidence: str
     attempt: int
     result: Any
+    normalised: list[str]  # what of the check's evidence or result was mended for storage
 
 
 class LeasePayload(TypedDict, total=False):
@@ -207,6 +209,7 @@ class CheckPayload(TypedDict, total=False):
     name: str
     next_at: str | None
     left_to_person: bool
+    normalised: list[str]
 
 
 class BudgetPayload(TypedDict, total=False):

@@ -82,7 +82,8 @@ def tool(p: ToolPayload) -> str:
     not_run = outcome.startswith(("denied", "refused", "expired"))
     failed = "" if p.get("ok") in (None, True) or not_run else " — failed"
     effect = display.effect_text(p.get("effect"))
-    return f"{p.get('name', '?')} — {effect}: {outcome}{failed}"
+    mended = " (its result altered so that it could be stored)" if p.get("normalised") else ""
+    return f"{p.get('name', '?')} — {effect}: {outcome}{failed}{mended}"
 
 
 def approval(p: ApprovalPayload) -> str:

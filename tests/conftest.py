@@ -3,7 +3,7 @@
 from tests.support.browser import browser  # noqa: F401  (fixture)
 from tests.support.chat_server import chat_server  # noqa: F401  (fixture)
 from tests.support.http_recorder import http_recorder  # noqa: F401  (fixture)
-from tests.support.mcp_server import mcp_server  # noqa: F401  (fixture)
+from tests.support.mcp_server import hostile_mcp_server, mcp_server  # noqa: F401  (fixtures)
 from tests.support.processes import holding_server, processes  # noqa: F401  (fixtures)
 from tests.support.resolver import scripted_dns  # noqa: F401  (fixture)
 from tests.support.smtp_server import smtp_server  # noqa: F401  (fixture)

@@ -40,7 +40,9 @@ from agentruns.exceptions import (
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, EventKind, Status
 from agentruns.services import decisions, dispatch
+from agentruns.storable import KINDS, TEXT, NotJson, mend_json, storable_text
 from agentruns.tools import CheckAnswer, CheckContext, registry
+from agentruns.tools.invocation import MAX_RESULT_CHARS, MAX_RESULT_DEPTH
 from agentruns.tools.registry import LANDED, MAX_EVIDENCE_CHARS
 from agentruns.tools.shown import shown_turn
 from agentruns.turns import (
@@ -96,6 +98,7 @@ def read_only() -> Iterator[None]:
 
 
 def _evidence(text: str) -> str:
+    text = storable_text(text)
     return text if len(text) <= MAX_EVIDENCE_CHARS else text[: MAX_EVIDENCE_CHARS - 1] + "…"
 
 
@@ -130,8 +133,37 @@ def ask(run: AgentRun, pending: PendingTurn, *, attempt: int) -> tuple[str, str,
         return TIMEOUT, str(exc), None
     except Exception as exc:
         logger.warning("run %s: the check of %s failed", run.uuid, call.name, exc_info=True)
-        return ERROR, _evidence(f"{type(exc).__name__}: {exc}"), None
+        return ERROR, _evidence(f"{type(exc).__name__}: {_message(exc)}"), None
     return answer.verdict, answer.evidence, answer.result
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception as inner:
+        return f"(its message could not be read: {type(inner).__name__})"
+
+
+def storable_answer(
+    answer: str, evidence: str, result: Any
+) -> tuple[str, str, Any, tuple[str, ...]]:
+    """What ``ask`` found, as it may be stored, like a tool's result
+    (``tools.invocation.stored_result``): the evidence and the result mended, with what was
+    changed (``normalised``); a result JSON cannot hold makes the answer an ``error`` (its
+    verdict is not taken: the next check, or a person, decides). Never raises."""
+    cleaned = storable_text(evidence)
+    marks = {TEXT} if cleaned is not evidence else set()
+    try:
+        mended = mend_json(result, max_chars=MAX_RESULT_CHARS, max_depth=MAX_RESULT_DEPTH)
+    except NotJson as exc:
+        problem = str(exc)
+    except Exception as exc:  # a hostile value: its own code raised while it was read
+        problem = f"reading it raised {type(exc).__name__}"
+    else:
+        marks.update(mended.normalised)
+        return answer, cleaned, mended.value, tuple(kind for kind in KINDS if kind in marks)
+    said = f"it answered {answer}, with a result JSON cannot hold: {problem}"
+    return ERROR, _evidence(said), None, ()
 
 
 def _backoff(attempt: int) -> float:
@@ -170,6 +202,7 @@ def _note(
     answer: str,
     evidence: str,
     retry: bool,
+    normalised: tuple[str, ...] = (),
 ) -> str:
     """Record an answer that settles nothing; schedule the next check when one is left."""
     now = timezone.now()
@@ -194,6 +227,7 @@ def _note(
             "name": call.name if call is not None else "",
             "next_at": next_at.isoformat() if next_at is not None else None,
             "left_to_person": next_at is None,
+            **({"normalised": list(normalised)} if normalised else {}),
         },
     )
     with transaction.atomic():
@@ -208,7 +242,14 @@ def _note(
 
 
 def _decide(
-    run: AgentRun, pending: PendingTurn, *, attempt: int, verdict: str, evidence: str, result: Any
+    run: AgentRun,
+    pending: PendingTurn,
+    *,
+    attempt: int,
+    verdict: str,
+    evidence: str,
+    result: Any,
+    normalised: tuple[str, ...] = (),  # what was changed so the answer could be stored
 ) -> str:
     """Apply a verdict through the same guarded transition a person's uses, bound to the digest
     of the turn as a card shows it (``tools.shown.shown_turn``), as a person's is."""
@@ -227,6 +268,7 @@ def _decide(
             "mode": "queued",
             "decider": None,
             "result": landed_result,
+            **({"normalised": list(normalised)} if normalised else {}),
         },
     )
     decided = transitions.run_decide(
@@ -257,7 +299,7 @@ def run_check_in_doubt(*, run_uuid: UUID | str, attempt: int = 1) -> str:
     if started is None or started.check is None:
         return DECIDED_ELSEWHERE
     run = AgentRun.objects.get(uuid=run_uuid)
-    answer, evidence, result = ask(run, started, attempt=attempt)
+    answer, evidence, result, normalised = storable_answer(*ask(run, started, attempt=attempt))
     if answer in (LANDED, "not_landed"):
         try:
             return _decide(
@@ -267,6 +309,7 @@ def run_check_in_doubt(*, run_uuid: UUID | str, attempt: int = 1) -> str:
                 verdict=answer,
                 evidence=evidence,
                 result=result,
+                normalised=normalised,
             )
         except (AlreadyDecided, NotWaiting, StaleTurn, RunNotFound):
             return DECIDED_ELSEWHERE  # a person was first
@@ -290,6 +333,7 @@ def run_check_in_doubt(*, run_uuid: UUID | str, attempt: int = 1) -> str:
         answer=answer,
         evidence=evidence,
         retry=attempt < started.check.limit,
+        normalised=normalised,
     )
 
 

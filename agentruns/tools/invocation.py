@@ -1,7 +1,7 @@
 """One tool call: its arguments checked against the tool's schema, the body called, and what it
-returned (``ToolResult``); a person's input laid over the model's arguments (docs/design.md §4.1,
-§5.7). Never stamps, checks or clears a lease or a fence: the runtime calls ``invoke_tool`` only
-after its fence hook.
+returned (``ToolResult``, made storable: ``stored_result``); a person's input laid over the
+model's arguments (docs/design.md §4.1, §5.7). Never stamps, checks or clears a lease or a fence:
+the runtime calls ``invoke_tool`` only after its fence hook.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agentruns.storable import KINDS, TEXT, Mended, NotJson, mend_json, storable_text
 from agentruns.tools.registry import (
     UNPARSED_ARGUMENTS_KEY,
     OutcomeUnknown,
@@ -26,24 +27,44 @@ from agentruns.tools.schemas import InvalidSchema, SchemaError, input_errors, sc
 
 logger = logging.getLogger(__name__)
 
+#: A result whose compact JSON is longer is stored (and shown to the model) cut: its beginning
+#: and a note saying how long it was — as much as a provider's reply may hold.
+MAX_RESULT_CHARS = 1_000_000
+#: Nesting deeper than this in a result is cut (a string says so): room is left for the event
+#: that stores it (a reconciliation nests it two levels down) under ``storable.MAX_DEPTH``.
+MAX_RESULT_DEPTH = 64
+
 
 @dataclass(frozen=True)
 class ToolResult:
     """The outcome of one call. ``ok`` False means the body failed or never ran (``error``).
-    ``in_doubt``: the tool could not tell whether its effect happened (``OutcomeUnknown``)."""
+    ``in_doubt``: the tool could not tell whether its effect happened (``OutcomeUnknown``).
+    ``normalised``: what was changed so that it could be stored (``storable.mend_json``'s kinds:
+    ``text``, ``number``, ``depth``, ``size``); the ``tool`` event records it."""
 
     ok: bool
     content: Any  # JSON-serialisable; what the model sees
     error: str = ""
     in_doubt: bool = False
+    normalised: tuple[str, ...] = ()
 
     @classmethod
     def success(cls, content: Any) -> ToolResult:
         return cls(ok=True, content=content)
 
     @classmethod
-    def failure(cls, error: str) -> ToolResult:
-        return cls(ok=False, content=None, error=error)
+    def failure(cls, error: str, *, in_doubt: bool = False) -> ToolResult:
+        """A failure whose ``error`` is made storable (cut at ``MAX_ERROR_CHARS``, NUL and lone
+        surrogates replaced: marked ``text``)."""
+        cut = truncated(error)
+        mended = storable_text(cut)
+        return cls(
+            ok=False,
+            content=None,
+            error=mended,
+            in_doubt=in_doubt,
+            normalised=(TEXT,) if mended is not cut else (),
+        )
 
     def as_message_content(self) -> str:
         """The tool message the model sees: JSON of ``content``, or ``{"error": ...}``.
@@ -93,10 +114,10 @@ def invoke_tool(
 
     Never raises for the tool's sake (only ``BaseException``s such as ``KeyboardInterrupt``
     pass): refused arguments mean the body never runs; an exception in the body becomes
-    ``"<ExceptionType>: <message>"`` (logged with its traceback); a return value that is not
-    strict JSON becomes an error result. On success ``content`` is the JSON round-trip of the
-    return value, so what is stored equals what the model sees. The body gets a deep copy of
-    the arguments. No lease or fence is checked here. ``checked``: the caller has just had
+    ``"<ExceptionType>: <message>"`` (logged with its traceback). What it returned is made
+    storable by ``stored_result`` — mended and marked, or an error result when it is not JSON
+    at all — so what is stored equals what the model sees. The body gets a deep copy of the
+    arguments. No lease or fence is checked here. ``checked``: the caller has just had
     ``argument_errors`` accept these very arguments for this very tool (the segment's check
     before a turn runs), so they are not checked twice.
     """
@@ -110,27 +131,52 @@ def invoke_tool(
             "tool %r: outcome unknown (call %s): %s",
             tool.name,
             context.call_id,
-            one_line(str(exc)),
+            one_line(_message(exc)),
         )
-        return ToolResult(
-            ok=False, content=None, error=truncated(f"outcome unknown: {exc}"), in_doubt=True
-        )
+        return ToolResult.failure(f"outcome unknown: {_message(exc)}", in_doubt=True)
     except RemoteToolError as exc:
         logger.warning(
-            "tool %r failed (call %s): %s", tool.name, context.call_id, one_line(str(exc))
+            "tool %r failed (call %s): %s", tool.name, context.call_id, one_line(_message(exc))
         )
-        return ToolResult.failure(truncated(f"{type(exc).__name__}: {exc}"))
+        return ToolResult.failure(f"{type(exc).__name__}: {_message(exc)}")
     except Exception as exc:
         logger.exception("tool %r failed (call %s)", tool.name, context.call_id)
-        return ToolResult.failure(truncated(f"{type(exc).__name__}: {exc}"))
+        return ToolResult.failure(f"{type(exc).__name__}: {_message(exc)}")
+    return stored_result(tool.name, returned)
+
+
+def stored_result(name: str, returned: Any) -> ToolResult:
+    """What a tool returned, as it is stored and shown to the model (docs/design.md §4.1): the
+    call has run, so its result is mended, never refused (``storable.mend_json``: NUL and lone
+    surrogates → U+FFFD, NaN / Infinity → ``"NaN"`` / ``"Infinity"``, nesting past
+    ``MAX_RESULT_DEPTH`` and JSON past ``MAX_RESULT_CHARS`` cut, each named in ``normalised``).
+    A value JSON cannot hold at all (bytes, an object, a circular structure), or one that
+    raises while it is read, is an error result saying that the tool ran. A tool that had to
+    mend what it received itself (an MCP answer read off the wire) returns ``Mended``: its marks
+    are kept with these. Never raises (but a ``BaseException``)."""
+    earlier: tuple[str, ...] = ()
+    if isinstance(returned, Mended):
+        returned, earlier = returned.value, tuple(returned.normalised)
     try:
-        encoded = json.dumps(returned, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        logger.error("tool %r returned a value that is not JSON: %s", tool.name, exc)
-        return ToolResult.failure(
-            truncated(f"tool {tool.name!r} returned a value that is not JSON-serialisable: {exc}")
-        )
-    return ToolResult.success(json.loads(encoded))
+        mended = mend_json(returned, max_chars=MAX_RESULT_CHARS, max_depth=MAX_RESULT_DEPTH)
+    except NotJson as exc:
+        problem = str(exc)
+    except Exception as exc:  # a hostile value: its own code raised while it was read
+        problem = f"reading it raised {type(exc).__name__}"
+    else:
+        marks = {*earlier, *mended.normalised}
+        normalised = tuple(kind for kind in KINDS if kind in marks)
+        return ToolResult(ok=True, content=mended.value, normalised=normalised)
+    logger.error("tool %r returned what JSON cannot hold: %s", name, one_line(problem))
+    return ToolResult.failure(f"tool {name!r} ran, but returned what JSON cannot hold: {problem}")
+
+
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, or a note when even that raises (an exception of hostile code)."""
+    try:
+        return str(exc)
+    except Exception as inner:
+        return f"(its message could not be read: {type(inner).__name__})"
 
 
 def validate_input(tool: Tool, values: Any) -> list[SchemaError]:

@@ -139,7 +139,7 @@ class RemoteCall:
     server_name: str
     tool_name: str
 
-    def __call__(self, context: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, context: ToolContext, arguments: dict[str, Any]) -> Any:
         server = McpServer.objects.filter(name=self.server_name).first()
         if server is None or not server.enabled:
             raise McpRefused(f"MCP server {self.server_name!r} is not enabled")

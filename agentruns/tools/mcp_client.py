@@ -38,6 +38,7 @@ from agentruns.conf import app_settings
 from agentruns.exceptions import SecretEnvRefused
 from agentruns.models import McpServer, McpTransport
 from agentruns.secrets import check_secret_env, read_secret_env
+from agentruns.storable import TEXT, Mended
 from agentruns.tools.mcp_errors import (
     MAX_MESSAGE_CHARS,
     McpCallFailed,
@@ -55,10 +56,14 @@ from agentruns.tools.mcp_sessions import (
     current_scope,
 )
 from agentruns.tools.mcp_stdio import StdioProcess, stdio_transport
+from agentruns.tools.mcp_wire import MendingTransport, Mends
 from agentruns.tools.registry import OutcomeUnknown, ToolContext
 
 MAX_LIST_PAGES = 50
 STDERR_CHARS = 1000
+#: How the SDK's HTTP client begins the parse error it answers a request with when the
+#: server's answer could not be read ("Failed to parse JSON response: …", "… SSE message: …").
+UNREADABLE_ANSWER = "Failed to parse"
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -149,6 +154,7 @@ def new_session(server: McpServer, timeout: float) -> RemoteSession:
         raise McpRefused(f"MCP server {server.name!r} has no URL")
     headers = _headers(server)
     url = server.url
+    mends = Mends()
 
     @asynccontextmanager
     async def http() -> AsyncIterator[Any]:
@@ -156,12 +162,14 @@ def new_session(server: McpServer, timeout: float) -> RemoteSession:
         from mcp import Client
         from mcp.client.streamable_http import streamable_http_client
 
-        async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(timeout)) as http:
+        async with httpx2.AsyncClient(
+            headers=headers, timeout=httpx2.Timeout(timeout), transport=MendingTransport(mends)
+        ) as http:
             transport = streamable_http_client(url, http_client=http)
             async with Client(transport, read_timeout_seconds=timeout, cache=None) as client:
                 yield client
 
-    return RemoteSession(http)
+    return RemoteSession(http, mends=mends)
 
 
 def session_key(server: McpServer, timeout: float) -> tuple[Any, ...]:
@@ -302,13 +310,14 @@ class _Handover:
 
 def call_remote_tool(
     server: McpServer, tool_name: str, arguments: dict[str, Any], context: ToolContext
-) -> dict[str, Any]:
+) -> dict[str, Any] | Mended:
     """Call one remote tool and return what the model sees; the idempotency key and fencing
     token travel in the request's ``_meta``. Raises ``McpRefused`` or ``McpCallFailed`` (nothing
     was sent), ``McpToolError`` (the server answered with an error) or ``OutcomeUnknown`` (sent,
-    then no answer in time or the connection lost)."""
+    then no answer in time or the connection lost). An answer that held lone surrogates'
+    escapes, read as U+FFFD (``mcp_wire``), comes back as ``Mended`` marked ``text``."""
     from mcp.shared.exceptions import MCPError
-    from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+    from mcp_types import CONNECTION_CLOSED, PARSE_ERROR, REQUEST_TIMEOUT
 
     limit = call_limit(server, context)
     deadline = time.monotonic() + limit
@@ -321,6 +330,7 @@ def call_remote_tool(
     where = f"MCP server {server.name!r}, tool {tool_name!r}"
     unknown = "; whether it took effect is unknown"
     session, owned = _open(server, limit, deadline)
+    mended_before = session.mends.count if session.mends is not None else 0
     handover = _Handover()
 
     async def call(client: Any) -> Any:
@@ -358,6 +368,14 @@ def call_remote_tool(
                 f"{where}: the call was sent and then {short(exc.message)}{unknown}"
                 f"{_stderr_note(session.stderr())}"
             ) from exc
+        if exc.code == PARSE_ERROR and exc.message.startswith(UNREADABLE_ANSWER):
+            # The SDK's own stand-in for an answer it could not read (not JSON, or JSON text
+            # its parser refuses, such as a lone surrogate's escape): the server did answer,
+            # but whether with a result or an error is unknown.
+            raise OutcomeUnknown(
+                f"{where}: the call was sent and the server answered, but its answer could not "
+                f"be read ({short(exc.message)}){unknown}"
+            ) from exc
         raise McpToolError(f"{where}: the server refused the call: {short(exc.message)}") from exc
     except Exception as exc:
         session.abort()
@@ -372,6 +390,8 @@ def call_remote_tool(
             session.close()
     if result.is_error:
         raise McpToolError(f"MCP tool {tool_name!r} reported an error: {_error_text(result)}")
+    if session.mends is not None and session.mends.count != mended_before:
+        return Mended(_content(result), (TEXT,))
     return _content(result)
 
 

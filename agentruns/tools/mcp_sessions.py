@@ -27,6 +27,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from agentruns.tools.mcp_stdio import StdioProcess
+from agentruns.tools.mcp_wire import Mends
 
 ABORT_SECONDS = 0.7  # what a timed-out call may add to its timeout: kill, then join the thread
 CLOSE_SECONDS = 0.7  # a normal close: the transport's own bounded stop, then the thread is left
@@ -54,12 +55,16 @@ class ScopeClosed(Exception):
 class RemoteSession:
     """One connection to one server, opened by ``open`` and served by its own thread.
 
-    ``process`` is set for stdio servers (the transport fills in the pid and the stderr tail).
+    ``process`` is set for stdio servers (the transport fills in the pid and the stderr tail);
+    ``mends`` for HTTP servers (how many lone surrogates' escapes its answers held so far).
     """
 
-    def __init__(self, connect: Connect, *, process: StdioProcess | None = None) -> None:
+    def __init__(
+        self, connect: Connect, *, process: StdioProcess | None = None, mends: Mends | None = None
+    ) -> None:
         self._connect = connect
         self.process = process
+        self.mends = mends
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing: asyncio.Event | None = None
         self._client: Any = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -94,10 +95,17 @@ class StdioProcess:
 
 
 def _parse_line(line: str) -> SessionMessage | Exception:
+    """One message of the server. JSON text the SDK's parser refuses but Python's reads (a
+    lone surrogate's escape, ``"\\ud800"``: not valid Unicode) is read as Python reads it: a tool's
+    result holding it is then mended and marked like any other (``tools.invocation``)."""
     try:
         message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except ValueError as exc:
-        return exc
+        try:
+            parsed = json.loads(line)
+            message = mcp_types.jsonrpc_message_adapter.validate_python(parsed, by_name=False)
+        except (ValueError, RecursionError):
+            return exc
     return SessionMessage(message)
 
 

@@ -354,11 +354,16 @@ def test_a_raising_tool_becomes_an_error_result(caplog: pytest.LogCaptureFixture
     assert caplog.records and caplog.records[0].exc_info is not None
 
 
-@pytest.mark.parametrize("returned", [object(), {1, 2}, {"x": b"bytes"}, float("nan")])
+@pytest.mark.parametrize("returned", [object(), {1, 2}, {"x": b"bytes"}])
 def test_a_non_serialisable_result_becomes_an_error(returned: Any) -> None:
     result = invoke_tool(make(func=Spy(returns=returned)), {"n": 1}, context())
     assert result.ok is False
-    assert "not JSON-serialisable" in result.error
+    assert "ran, but returned what JSON cannot hold" in result.error
+
+
+def test_a_result_that_is_not_finite_is_mended_not_refused() -> None:
+    result = invoke_tool(make(func=Spy(returns={"x": float("nan")})), {"n": 1}, context())
+    assert (result.ok, result.content, result.normalised) == (True, {"x": "NaN"}, ("number",))
 
 
 def test_content_is_the_json_round_trip() -> None:

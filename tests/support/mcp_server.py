@@ -12,6 +12,10 @@ offers three tools:
 ``offer(name, input_schema)`` lists one more tool declaring exactly that schema (one the SDK
 would never derive from a signature, such as a remote ``$ref``).
 
+``TicketServer(hostile=True)`` also offers ``hostile_text(kind)`` and ``hostile_structured(kind)``
+(``tests.support.mcp_stdio_server.HOSTILE``) and sends every answer through ``raw_wire``: raw
+``NaN`` / ``Infinity`` and lone-surrogate escapes on the wire, as a hostile server would.
+
 ``hold()`` makes every tool call wait (after recording it) until ``release()`` — so a test can
 inspect the run row while the server holds the call. ``calls`` lists the recorded tool calls;
 ``http_requests`` counts every HTTP request that reached the server. Use the ``mcp_server``
@@ -37,6 +41,8 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 
+from tests.support.mcp_stdio_server import HOSTILE, raw_wire
+
 HOLD_LIMIT_SECONDS = 60.0
 SPARE_SECONDS = 30  # for syncing and opening sessions, which a busy machine can make slow
 
@@ -55,7 +61,8 @@ def free_port() -> int:
 
 
 class TicketServer:
-    def __init__(self) -> None:
+    def __init__(self, *, hostile: bool = False) -> None:
+        self.hostile = hostile
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.calls: list[RecordedCall] = []
@@ -132,6 +139,20 @@ class TicketServer:
             self._record("fail", {}, ctx)
             raise ToolError("the ticket system is read-only today")
 
+        if self.hostile:
+
+            @server.tool()
+            def hostile_text(kind: str, ctx: Context) -> str:
+                """Returns a text no column can store."""
+                self._record("hostile_text", {"kind": kind}, ctx)
+                return str(HOSTILE[kind])
+
+            @server.tool()
+            def hostile_structured(kind: str, ctx: Context) -> dict[str, Any]:
+                """Returns structured content no column can store."""
+                self._record("hostile_structured", {"kind": kind}, ctx)
+                return dict(HOSTILE[kind])
+
         return server
 
     def start(self) -> None:
@@ -144,7 +165,21 @@ class TicketServer:
             if scope["type"] == "http":
                 with self._lock:
                     self.http_requests += 1
-            await app(scope, receive, send)
+            await app(scope, receive, raw(send) if self.hostile else send)
+
+        def raw(send: Any) -> Any:
+            async def sending(message: dict) -> None:
+                if message["type"] == "http.response.start":  # the length changes
+                    headers = [
+                        (k, v) for k, v in message.get("headers", []) if k != b"content-length"
+                    ]
+                    message = {**message, "headers": headers}
+                elif message["type"] == "http.response.body" and message.get("body"):
+                    body = raw_wire(message["body"].decode("utf-8")).encode("utf-8")
+                    message = {**message, "body": body}
+                await send(message)
+
+            return sending
 
         config = uvicorn.Config(
             counting,
@@ -174,6 +209,16 @@ class TicketServer:
 @pytest.fixture
 def mcp_server() -> Iterator[TicketServer]:
     server = TicketServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def hostile_mcp_server() -> Iterator[TicketServer]:
+    server = TicketServer(hostile=True)
     server.start()
     try:
         yield server

@@ -493,6 +493,8 @@ class RunSegment(ProviderStep):
                 "idempotency_key": f"{self.run.uuid}:{call.id}",
             }
         )
+        if result.normalised:  # what was changed so that the result could be stored (§4.1)
+            payload["normalised"] = list(result.normalised)
         event = EventSpec(
             EventKind.TOOL,
             payload,
