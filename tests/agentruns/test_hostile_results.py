@@ -21,7 +21,6 @@ import pytest
 from django.db.models.functions import Now
 
 from agentruns import audit
-from agentruns.api.serializers import pending_turn_view
 from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
 from agentruns.services import checks, reaper, runs
 from agentruns.services.runtime.transcript import tool_message_content
@@ -38,6 +37,7 @@ from agentruns.tools import (
 from agentruns.tools.invocation import MAX_RESULT_CHARS, MAX_RESULT_DEPTH
 from playground import trace
 from playground.models import Note
+from tests.agentruns.api_support import card_digest
 from tests.agentruns.runtime_support import (
     assert_contiguous,
     assert_released,
@@ -52,13 +52,6 @@ from tests.agentruns.runtime_support import (
 )
 
 pytestmark = pytest.mark.django_db
-
-
-def card_digest(run: AgentRun) -> str:
-    """The digest of the pending turn as a client is shown it (the API's view of the card)."""
-    view = pending_turn_view(AgentRun.objects.select_related("configuration").get(pk=run.pk))
-    assert view is not None
-    return str(view["turn_digest"])
 
 
 R = REPLACEMENT

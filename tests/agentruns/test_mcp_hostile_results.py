@@ -25,13 +25,13 @@ from django.conf import settings
 from django.test import override_settings
 
 from agentruns import audit
-from agentruns.api.serializers import pending_turn_view
 from agentruns.models import AgentRun, EventKind, McpServer, McpTransport, Status
 from agentruns.services import runs
 from agentruns.services.mcp_sync import mcp_server_sync
 from agentruns.services.runtime.transcript import tool_message_content
 from agentruns.storable import REPLACEMENT
 from agentruns.tools.invocation import MAX_RESULT_CHARS
+from tests.agentruns.api_support import card_digest
 from tests.agentruns.factories import AgentConfigurationFactory
 from tests.agentruns.runtime_support import (
     assert_contiguous,
@@ -46,13 +46,6 @@ from tests.support.mcp_server import TicketServer, server_row
 from tests.support.mcp_stdio_server import HOSTILE, read_calls, stdio_command
 
 pytestmark = pytest.mark.django_db
-
-
-def card_digest(run: AgentRun) -> str:
-    """The digest of the pending turn as a client is shown it (the API's view of the card)."""
-    view = pending_turn_view(AgentRun.objects.select_related("configuration").get(pk=run.pk))
-    assert view is not None
-    return str(view["turn_digest"])
 
 
 R = REPLACEMENT
