@@ -34,7 +34,7 @@ from agentruns.models import (
     SpendHold,
 )
 from agentruns.services.mcp_sync import mcp_server_sync
-from agentruns.tools.mcp import read_only_by_operator
+from agentruns.tools.mcp_tools import read_only_by_operator
 
 # A URL typed without a scheme is read as https (Django 6.0's default; Django 5.2 assumes http
 # and warns). The allowlist (``agentruns.outbound.webhook_target``, run by the model's ``clean``)
@@ -167,7 +167,7 @@ class AgentRunAdmin(_VisibleOnly):
         """The operations dashboard (``agentruns.dashboard``) at ``dashboard/``, ahead of the
         change view's catch-all; ``admin_view`` checks staff on every request, the view the
         permission."""
-        from agentruns.dashboard.views import dashboard  # pygal loads with the page only
+        from agentruns.dashboard.pages import dashboard  # pygal loads with the page only
 
         def view(request: HttpRequest) -> HttpResponse:
             return dashboard(request, admin_site=self.admin_site)

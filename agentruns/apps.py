@@ -12,7 +12,7 @@ class AgentrunsConfig(AppConfig):
         Idempotent."""
         from agentruns import system_checks  # noqa: F401  (registers its checks)
         from agentruns.services.runtime import shutdown
-        from agentruns.tools import mcp
+        from agentruns.tools import mcp_tools
 
-        mcp.install()
+        mcp_tools.install()
         shutdown.install()

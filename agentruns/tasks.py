@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentruns.conf import app_settings
-from agentruns.services import checks, notifications, reaper, retention, runs
+from agentruns.services import notifications, reaper, reconciliation, retention, runs
 
 
 def process_run(run_uuid: str) -> str:
@@ -28,7 +28,7 @@ def reap_stale_runs() -> str:
 
 def check_in_doubt(run_uuid: str, attempt: int = 1) -> str:
     """A tool's automatic check of a run's in-doubt write; a no-op when nothing is due."""
-    return checks.run_check_in_doubt(run_uuid=run_uuid, attempt=int(attempt))
+    return reconciliation.run_check_in_doubt(run_uuid=run_uuid, attempt=int(attempt))
 
 
 def notify_waiting() -> str:

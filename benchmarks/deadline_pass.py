@@ -12,7 +12,7 @@ with a deadline ahead, 5 waiting without one and 90 completed runs. Then it prin
 
 * the plan of the selector (``overdue_waiting_runs``, limited as a pass reads it): it must use
   the ``(status, approval_deadline)`` index ``agentrun_status_deadline``;
-* the time of one pass's deadline part (``deadlines.expire_overdue``: up to ``EXPIRE_LIMIT``
+* the time of one pass's deadline part (``deadline_sweep.expire_overdue``: up to ``EXPIRE_LIMIT``
   runs, each settled by ``run_expire_waiting`` in its own transaction — locked read, guarded
   ``UPDATE``, one chained event — and the denied ones woken), beside a floor measured in the
   same run: as many raw guarded single-row ``UPDATE``s through psycopg, one transaction each.
@@ -85,7 +85,7 @@ def selector_plan() -> str:
     from django.db import connection
 
     from agentruns import selectors
-    from agentruns.services.deadlines import EXPIRE_LIMIT
+    from agentruns.services.deadline_sweep import EXPIRE_LIMIT
 
     queryset = selectors.overdue_waiting_runs().values_list("pk", flat=True)[:EXPIRE_LIMIT]
     sql, params = queryset.query.sql_with_params()
@@ -104,7 +104,7 @@ def main() -> None:
 
     with throwaway_postgres(server, "leasehold_deadline") as url:
         setup_django(production_environment(url))
-        from agentruns.services import deadlines
+        from agentruns.services import deadline_sweep
 
         rows = []
         for size in sizes:
@@ -119,7 +119,7 @@ def main() -> None:
             if not used:
                 print(f"!!! the selector did NOT use {INDEX}")
             started = time.perf_counter()
-            outcomes = deadlines.expire_overdue(identity="reaper:bench:0")
+            outcomes = deadline_sweep.expire_overdue(identity="reaper:bench:0")
             pass_s = time.perf_counter() - started
             settled = sum(1 for o in outcomes if o.taken)
             reset_states()

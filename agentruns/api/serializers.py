@@ -16,7 +16,7 @@ from agentruns.models import (
     Status,
 )
 from agentruns.services import runs
-from agentruns.tools.origins import tool_origin
+from agentruns.tools.origin_lookup import tool_origin
 from agentruns.tools.shown import shown_turn
 from agentruns.turns import INPUT, RECONCILIATION, read_pending_turn, waits_for_a_human
 

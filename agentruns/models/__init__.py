@@ -28,8 +28,13 @@ from agentruns.models.choices import (
     TerminationReason,
 )
 from agentruns.models.configuration import AgentConfiguration
-from agentruns.models.runs import AgentRun, AgentRunEvent
-from agentruns.models.mcp import MCP_SERVER_NAME_MAX, MCP_SERVER_NAME_RE, McpServer, McpTransport
+from agentruns.models.agent_runs import AgentRun, AgentRunEvent
+from agentruns.models.mcp_servers import (
+    MCP_SERVER_NAME_MAX,
+    MCP_SERVER_NAME_RE,
+    McpServer,
+    McpTransport,
+)
 from agentruns.models.bookkeeping import (
     Counter,
     NotificationChannel,

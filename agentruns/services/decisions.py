@@ -99,7 +99,7 @@ def _runnable_with_tools(run: AgentRun) -> None:
 def runnable_without_tools(run: AgentRun) -> None:
     """A reconciliation verdict's check (under the row lock): refuse when the configuration was
     deactivated while the run waited (``UnreadableState``). Also used by a tool's automatic
-    check (``agentruns.services.checks``)."""
+    check (``agentruns.services.reconciliation``)."""
     _require_runnable(run, tools=False)
 
 

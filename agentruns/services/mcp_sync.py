@@ -2,7 +2,7 @@
 
 Owns the writes of the discovery columns (``tools_snapshot``, ``last_synced_at``,
 ``last_sync_error``); ``agentruns.tools.mcp_client`` reaches the server (a failure carries a
-stdio server's last stderr lines) and ``agentruns.tools.mcp`` builds the snapshot. The
+stdio server's last stderr lines) and ``agentruns.tools.mcp_tools`` builds the snapshot. The
 ``sync_mcp_tools`` command and the admin's "Sync tools" action call ``mcp_server_sync`` and
 render its ``McpSyncResult``. It never touches a run.
 """
@@ -15,7 +15,7 @@ from typing import Any
 from django.db.models.functions import Now
 
 from agentruns.models import McpServer
-from agentruns.tools.mcp import McpError, build_snapshot, list_remote_tools
+from agentruns.tools.mcp_tools import McpError, build_snapshot, list_remote_tools
 
 
 @dataclass(frozen=True)

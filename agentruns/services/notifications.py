@@ -2,7 +2,7 @@
 
 ``notifications_send`` is one pass, run by the django-q2 schedule ``agentruns: notify waiting
 runs`` every minute (``setup_schedules``). It reads the waiting runs once; for each person who
-may decide some of them (``agentruns.digests``) and each configuration with a
+may decide some of them (``agentruns.notification_text``) and each configuration with a
 ``notify_webhook_url``, it sends one digest of the waits that recipient was not told about yet —
 at most one per ``NOTIFY_INTERVAL`` seconds per recipient:
 
@@ -37,7 +37,9 @@ from django.db.models.functions import Now
 
 from agentruns.authority import Decider
 from agentruns.conf import app_settings
-from agentruns.digests import (
+from agentruns.metrics import NOTIFICATION_FAILURES, NOTIFICATIONS_SENT, counters_add
+from agentruns.models import AgentConfiguration, NotificationChannel, NotificationState
+from agentruns.notification_text import (
     Item,
     candidates,
     email_digest,
@@ -45,8 +47,6 @@ from agentruns.digests import (
     waiting_items,
     webhook_text,
 )
-from agentruns.metrics import NOTIFICATION_FAILURES, NOTIFICATIONS_SENT, counters_add
-from agentruns.models import AgentConfiguration, NotificationChannel, NotificationState
 from agentruns.outbound import post_json
 
 logger = logging.getLogger(__name__)

@@ -4,8 +4,8 @@
 (empty: every registered tool), narrowed by the run's request. ``ToolGate.shown`` is the one
 place that says what a card shows about a call beside its id, name, arguments and preview: its
 effect, whether it needs a decision, whether its tool is known, its source and hints, and where
-its tool comes from (``agentruns.tools.origins``) — all read now, from what would execute, never
-from a stored copy. The turn digest covers exactly that (``turns.Call.digested``).
+its tool comes from (``agentruns.tools.origin_lookup``) — all read now, from what would
+execute, never from a stored copy. The turn digest covers exactly that (``turns.Call.digested``).
 
 Reads the registry (and, for a remote tool, its server row); writes nothing.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agentruns.models import Effect
-from agentruns.tools.origins import tool_origin
+from agentruns.tools.origin_lookup import tool_origin
 from agentruns.tools.registry import Tool, registry
 from agentruns.turns import Call
 

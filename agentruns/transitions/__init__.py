@@ -26,11 +26,10 @@ Conventions:
 
 from __future__ import annotations
 
-from agentruns.transitions.checks import run_note_check
 from agentruns.transitions.deadlines import (
     run_expire_waiting,
 )
-from agentruns.transitions.decisions import (
+from agentruns.transitions.deciding import (
     run_decide,
     run_reconcile_abandon,
 )
@@ -39,6 +38,7 @@ from agentruns.transitions.endings import (
     run_cancel,
     run_settle,
 )
+from agentruns.transitions.in_doubt import run_note_check
 from agentruns.transitions.reaper import (
     run_mark_in_doubt,
     run_mark_redispatched,
@@ -46,7 +46,7 @@ from agentruns.transitions.reaper import (
     run_settle_undispatched,
     runs_reap_stale,
 )
-from agentruns.transitions.segment import (
+from agentruns.transitions.segment_writes import (
     birth_event,
     run_claim_queued,
     run_claim_queued_row,

@@ -1,5 +1,5 @@
 """The claim of a queued run as one statement, and the row it hands the segment. Private: only
-``agentruns.transitions.segment`` calls it.
+``agentruns.transitions.segment_writes`` calls it.
 
 A worker's task carries only the run's uuid; before, its claim read the run, took it (an
 ``UPDATE`` returning the chain's tail, the ``lease`` event, the tail written back: one

@@ -1,5 +1,5 @@
 """Where a call's tool comes from, as a card shows it: its description, source, MCP server and
-the hints the server declares (``agentruns.tools.origins`` reads it from the registry and the
+the hints the server declares (``agentruns.tools.origin_lookup`` reads it from the registry and the
 server row). A value of the turn a person decides on: the digest covers it, so it is parsed and
 serialised here like the rest of a stored call. Free of queries."""
 

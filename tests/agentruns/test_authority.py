@@ -28,7 +28,7 @@ from agentruns.exceptions import NotPermitted, SelfApprovalRefused, UnreadableSt
 from agentruns.models import AgentRun, Effect, EventKind, Status
 from agentruns.services import runs
 from agentruns.tools import Tool, registry
-from agentruns.transitions import decisions as decision_transitions
+from agentruns.transitions import deciding as decision_transitions
 from agentruns.turns import Call, PendingTurn, read_pending_turn
 from tests.agentruns.api_support import (
     WEBHOOK_CALL,

@@ -18,7 +18,7 @@ from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status
-from agentruns.services import checks, dispatch, reaper, runs
+from agentruns.services import dispatch, reaper, reconciliation, runs
 from agentruns.services.runtime import tool_step
 from agentruns.tools import (
     CheckAnswer,
@@ -116,7 +116,7 @@ def test_a_note_written_before_the_worker_died_is_found_and_the_run_completes(mo
     parked = row(run)
     assert parked.pending_turn["check"]["state"] == "scheduled"
     assert check_tasks() == [((str(run.uuid), 1), False)]
-    assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "landed"
+    assert reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "landed"
     assert row(run).status == Status.QUEUED
     runs.run_process_queued(run_uuid=run.uuid)
 
@@ -140,7 +140,7 @@ def test_a_note_never_written_is_not_landed_and_the_repeated_call_waits_for_appr
     run = queued_for_approval([{"tool_calls": [NOTE]}, {"tool_calls": [NOTE]}, {"content": "x"}])
     die_in_the_call(monkeypatch, run, after_the_write=False)
 
-    assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "not_landed"
+    assert reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "not_landed"
     runs.run_process_queued(run_uuid=run.uuid)
 
     again = row(run)
@@ -163,7 +163,10 @@ def test_a_person_who_decides_first_wins_and_the_check_does_nothing(monkeypatch)
         turn_digest=card_digest(run),
     )
 
-    assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == checks.DECIDED_ELSEWHERE
+    assert (
+        reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1)
+        == reconciliation.DECIDED_ELSEWHERE
+    )
     [verdict] = events(run, EventKind.RECONCILIATION)
     assert (verdict.actor_id, verdict.payload["by"]) == (person.pk, "person")
     assert events(run, EventKind.CHECK) == []
@@ -171,9 +174,9 @@ def test_a_person_who_decides_first_wins_and_the_check_does_nothing(monkeypatch)
 
 def test_a_duplicate_task_checks_once():
     with scripted_check(["unknown", "not_landed"]) as run:
-        assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1).startswith("unknown")
-        assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "nothing to check"
-        assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=3) == "nothing to check"
+        assert reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1).startswith("unknown")
+        assert reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "nothing to check"
+        assert reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=3) == "nothing to check"
         assert len(SEEN) == 1
 
 
@@ -250,7 +253,7 @@ def test_unknown_an_error_and_a_timeout_are_retried_with_backoff_then_left_to_a_
         OrmQ.objects.all().delete()
         context = None
         for attempt, (answer, delay) in enumerate([("unknown", 7), ("error", 14)], start=1):
-            assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=attempt) == (
+            assert reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=attempt) == (
                 f"{answer}: retrying"
             )
             check = row(run).pending_turn["check"]
@@ -265,7 +268,7 @@ def test_unknown_an_error_and_a_timeout_are_retried_with_backoff_then_left_to_a_
             assert timedelta(seconds=delay - 2) < due - timezone.now() <= timedelta(seconds=delay)
             Schedule.objects.all().delete()
             context = SEEN[-1]
-        assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=3) == (
+        assert reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=3) == (
             "timeout: left to a person"
         )
         assert check_tasks() == []
@@ -313,7 +316,7 @@ def test_the_card_says_a_check_is_running_and_a_person_may_still_decide(inbox_cl
         page = inbox_client.get("/admin/approvals/").content.decode()
         assert "An automatic check will ask the downstream system" in page
         assert "It landed" in page  # the person's buttons stay
-        checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1)
+        reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1)
         page = inbox_client.get(f"/admin/approvals/runs/{run.uuid}/").content.decode()
         assert "The automatic check could not tell; it asks again at" in page
         assert "said unknown" in page
@@ -322,7 +325,7 @@ def test_the_card_says_a_check_is_running_and_a_person_may_still_decide(inbox_cl
 
 def test_a_landed_check_gives_the_model_its_result():
     with scripted_check(["landed"]) as run:
-        assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "landed"
+        assert reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "landed"
         runs.run_process_queued(run_uuid=run.uuid)
         [reconciled] = events(run, EventKind.TOOL)
         assert reconciled.payload["result"]["result"] == {"seen": "landed"}
@@ -331,7 +334,7 @@ def test_a_landed_check_gives_the_model_its_result():
 
 def test_a_check_cannot_write():
     with scripted_check(["write"], RECONCILE_CHECKS=1) as run:
-        assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == (
+        assert reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == (
             "error: left to a person"
         )
         assert Note.objects.count() == 0
@@ -343,7 +346,7 @@ def test_a_verdict_the_run_cannot_take_is_left_to_a_person_with_the_reason():
         AgentRun.objects.get(pk=run.pk).configuration.__class__.objects.filter(
             pk=run.configuration_id
         ).update(is_active=False)
-        assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == (
+        assert reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == (
             "refused: left to a person"
         )
         check = row(run).pending_turn["check"]
@@ -358,7 +361,7 @@ def test_checks_off_leave_every_in_doubt_run_to_a_person():
     with scripted_check(["landed"], RECONCILE_CHECKS=0) as run:
         assert "check" not in row(run).pending_turn
         assert check_tasks() == []
-        assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "nothing to check"
+        assert reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "nothing to check"
 
 
 # --- Declaring a check ---------------------------------------------------------------------------
@@ -425,7 +428,7 @@ def test_a_receiver_that_implements_the_get_settles_the_run_with_one_delivery(we
     run, allowed = webhook_in_doubt(webhook_receiver)
     try:
         assert check_tasks() == [((str(run.uuid), 1), False)]
-        assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "landed"
+        assert reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "landed"
         runs.run_process_queued(run_uuid=run.uuid)
     finally:
         allowed.disable()
@@ -452,7 +455,7 @@ def test_a_receiver_that_answers_500_leaves_the_run_to_a_person_with_the_answer(
     webhook_receiver.get_status = 500
     run, allowed = webhook_in_doubt(webhook_receiver, RECONCILE_CHECKS=1)
     try:
-        assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == (
+        assert reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == (
             "unknown: left to a person"
         )
     finally:
@@ -511,8 +514,8 @@ def test_the_reaper_resends_a_lost_check_and_restarts_one_whose_worker_died():
         OrmQ.objects.all().delete()
 
         # A worker starts attempt 1 and dies mid-check: the card says checking.
-        assert checks._start(run.uuid, 1) is not None
-        assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "nothing to check"
+        assert reconciliation._start(run.uuid, 1) is not None
+        assert reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "nothing to check"
         stored = row(run).pending_turn
         assert stored["check"]["state"] == "checking"
         long_ago = (timezone.now() - timedelta(hours=1)).isoformat()
@@ -522,5 +525,7 @@ def test_the_reaper_resends_a_lost_check_and_restarts_one_whose_worker_died():
         )
         assert reaper.reap_stale_runs().checks_redispatched == 1
         assert check_tasks() == [((str(run.uuid), 1), False)]  # the same attempt again
-        assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "unknown: retrying"
+        assert (
+            reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "unknown: retrying"
+        )
         assert len(SEEN) == 1

@@ -124,7 +124,7 @@ def test_a_decision_and_the_deadline_take_effect_exactly_once(probes, action):
 def test_two_reapers_settle_each_overdue_run_exactly_once(probes):
     """Two passes at once over the same overdue runs: ``SKIP LOCKED`` and the re-checked guard
     give every run one settle and one event, whichever pass took it."""
-    from agentruns.services import deadlines
+    from agentruns.services import deadline_sweep
 
     configuration = config(
         script=[tool_turn(call("probe_create", value="x")), {"content": "done"}],
@@ -137,8 +137,8 @@ def test_two_reapers_settle_each_overdue_run_exactly_once(probes):
     ]
     outcomes = race(
         [
-            lambda: deadlines.expire_overdue(identity="reaper:a:1"),
-            lambda: deadlines.expire_overdue(identity="reaper:b:2"),
+            lambda: deadline_sweep.expire_overdue(identity="reaper:a:1"),
+            lambda: deadline_sweep.expire_overdue(identity="reaper:b:2"),
         ]
     )
     assert [o.error for o in outcomes] == [None, None]

@@ -33,7 +33,7 @@ from agentruns.models import (
     TerminationReason,
 )
 from agentruns.services import reaper, runs
-from agentruns.services.deadlines import expire_overdue
+from agentruns.services.deadline_sweep import expire_overdue
 from agentruns.services.decisions import run_decide
 from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.transcript import EXPIRED_MESSAGE

@@ -26,7 +26,7 @@ from agentruns.exceptions import StateWriteFailed
 from agentruns.models import AgentRun, AgentRunEvent, EventKind
 from agentruns.services import runs
 from agentruns.services.runtime.results import Outcome, SegmentResult
-from agentruns.transitions import _sql, decisions
+from agentruns.transitions import _sql, deciding
 from tests.agentruns.api_support import card_digest
 from tests.agentruns.runtime_support import (
     call,
@@ -125,14 +125,14 @@ DECISIONS: dict[str, tuple[Callable[[Any], AgentRun], Decide, str]] = {
 def sequence_collision(monkeypatch: pytest.MonkeyPatch) -> type[DatabaseError]:
     """The decision numbers its event with a sequence already taken (the locked row's counter
     is behind its events): the database refuses it."""
-    lock_run = decisions._lock_run
+    lock_run = deciding._lock_run
 
     def behind(run_uuid: Any) -> Any:
         run = lock_run(run_uuid)
         run.next_sequence -= 1
         return run
 
-    monkeypatch.setattr(decisions, "_lock_run", behind)
+    monkeypatch.setattr(deciding, "_lock_run", behind)
     return IntegrityError
 
 

@@ -22,7 +22,7 @@ from django.db.models.functions import Now
 
 from agentruns import audit
 from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
-from agentruns.services import checks, reaper, runs
+from agentruns.services import reaper, reconciliation, runs
 from agentruns.services.runtime.transcript import tool_message_content
 from agentruns.storable import REPLACEMENT
 from agentruns.tools import (
@@ -502,7 +502,7 @@ def test_a_check_s_answer_no_column_can_store_is_mended_and_marked(hostile, scri
     )
     run = doubtful_run(hostile)
 
-    assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "landed"
+    assert reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "landed"
     runs.run_process_queued(run_uuid=run.uuid)
 
     run.refresh_from_db()
@@ -524,7 +524,7 @@ def test_a_check_s_result_json_cannot_hold_is_an_error_answer_and_takes_no_verdi
     hostile.answer = lambda: CheckAnswer.landed("found it", result={"raw": b"\x00"})
     run = doubtful_run(hostile)
 
-    answered = checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1)
+    answered = reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1)
 
     assert answered == "error: retrying"
     run.refresh_from_db()

@@ -41,14 +41,14 @@ from agentruns.services.runtime.segment import continue_segment
 from agentruns.services.runtime.tool_step import execute_tool_call
 from agentruns.services.runtime.transcript import tool_message_content
 from agentruns.tools import registry
-from agentruns.tools.mcp import (
+from agentruns.tools.mcp_client import call_remote_tool, new_session, session_key
+from agentruns.tools.mcp_errors import McpCallFailed
+from agentruns.tools.mcp_sessions import RemoteSession, session_scope
+from agentruns.tools.mcp_tools import (
     build_snapshot,
     registered_name,
     server_name_of,
 )
-from agentruns.tools.mcp_client import call_remote_tool, new_session, session_key
-from agentruns.tools.mcp_errors import McpCallFailed
-from agentruns.tools.mcp_sessions import RemoteSession, session_scope
 from agentruns.tools.registry import OutcomeUnknown, ToolContext
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 from tests.agentruns.test_continuation import ProcessDied, reclaim_and_claim

@@ -34,9 +34,9 @@ from agentruns.services import runs
 from agentruns.services.mcp_sync import mcp_server_sync
 from agentruns.services.runtime.results import Outcome
 from agentruns.tools import ToolContext, registry
-from agentruns.tools.mcp import McpRefused
 from agentruns.tools.mcp_client import call_remote_tool
 from agentruns.tools.mcp_sessions import session_scope
+from agentruns.tools.mcp_tools import McpRefused
 from tests.agentruns.api_support import card_digest
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 from tests.agentruns.runtime_support import PROBE_NAMES, call, tool_turn

@@ -18,7 +18,6 @@ from django.db.models import Value
 from django.db.models.functions import Now
 from django.test import Client, override_settings
 
-from agentruns.digests import card_link
 from agentruns.metrics import counter_add
 from agentruns.models import (
     AgentConfiguration,
@@ -28,6 +27,7 @@ from agentruns.models import (
     NotificationState,
     Status,
 )
+from agentruns.notification_text import card_link
 from agentruns.services import schedules
 from agentruns.services.notifications import notifications_send
 from agentruns.tasks import notify_waiting

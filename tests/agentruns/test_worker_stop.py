@@ -27,7 +27,7 @@ from django_q.models import OrmQ
 
 from agentruns import audit, tasks
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status
-from agentruns.services import checks, dispatch, reaper, runs
+from agentruns.services import dispatch, reaper, reconciliation, runs
 from agentruns.services.reaper import Rule, Verdict
 from agentruns.services.runtime import shutdown
 from agentruns.services.runtime.results import Outcome
@@ -298,7 +298,7 @@ def test_a_worker_dying_inside_the_hand_back_leaves_the_write_in_doubt_and_its_c
     expire(dead)
     [verdict] = reaper.reap_stale_runs().verdicts
     assert (verdict.rule, verdict.verdict) == (Rule.FENCE, Verdict.IN_DOUBT)
-    assert checks.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "landed"
+    assert reconciliation.run_check_in_doubt(run_uuid=run.uuid, attempt=1) == "landed"
     monkeypatch.undo()
     shutdown.disarm()
     assert tasks.process_run(str(run.uuid)) == Outcome.COMPLETED

@@ -20,7 +20,7 @@ meanwhile keeps its run (verdict ``skipped``). Every verdict is a ``reaper`` eve
 in doubt whose tool declares a check gets the check task once the batch commits (§9.2). Then
 queued runs nobody claimed for ``REDISPATCH_SECONDS`` get a fresh wake-up, and in-doubt runs
 whose tool's check stalled (its task lost, or its worker died) get the check task again
-(``checks.redispatch_due``). Runs waiting for approval or input past their approval deadline
+(``reconciliation.redispatch_due``). Runs waiting for approval or input past their approval deadline
 are settled too (rule ``deadline``: denied or failed, ``services.deadlines``, §5.11), and the
 budget holds past their expiry lapse (``budgets.lapse_holds``, §14).
 
@@ -44,7 +44,7 @@ from agentruns import budgets, selectors
 from agentruns.identity import reaper_identity
 from agentruns.metrics import record_reaper_pass
 from agentruns.models import AgentRun, AgentRunEvent
-from agentruns.services import checks, deadlines
+from agentruns.services import deadline_sweep, reconciliation
 from agentruns.services.reaper.batches import _apply_batch
 from agentruns.services.reaper.batches import _event as _event  # re-exported (tests)
 from agentruns.services.reaper.report import (
@@ -184,12 +184,14 @@ def reap_stale_runs(
             break
     report.expired = [
         _deadline_verdict(outcome)
-        for outcome in deadlines.expire_overdue(identity=identity, limit=limit, dry_run=dry_run)
+        for outcome in deadline_sweep.expire_overdue(
+            identity=identity, limit=limit, dry_run=dry_run
+        )
     ]
     if not dry_run:
         report.holds_lapsed = _lapse_holds()
     if redispatch and not dry_run:
         report.redispatched = redispatch_unclaimed(identity=identity)
-        report.checks_redispatched = checks.redispatch_due()
+        report.checks_redispatched = reconciliation.redispatch_due()
     record_reaper_pass(report)
     return report

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from uuid import UUID
 
 from agentruns.models import AgentRun
-from agentruns.services import deadlines
+from agentruns.services import deadline_sweep
 from agentruns.services.reaper.rules import RESULT, VERDICT_OF_RULE, Rule, Verdict
 
 
@@ -97,7 +97,7 @@ def _verdict(run: AgentRun, rule: str, detail: str, *, taken: bool, failure: str
     )
 
 
-def _deadline_verdict(outcome: deadlines.DeadlineOutcome) -> RunVerdict:
+def _deadline_verdict(outcome: deadline_sweep.DeadlineOutcome) -> RunVerdict:
     """The line and the counted verdict of one run past its approval deadline."""
     deadline = outcome.deadline.isoformat() if outcome.deadline else "?"
     if outcome.taken:

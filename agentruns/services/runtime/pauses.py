@@ -20,7 +20,7 @@ from agentruns.models import (
 )
 from agentruns.services import dispatch
 from agentruns.services.runtime.failures import totals
-from agentruns.services.runtime.previews import (
+from agentruns.services.runtime.previewing import (
     make_preview,
     preview_changed_event,
     preview_open_calls,

@@ -36,7 +36,6 @@ from agentruns.models import (
     TerminationReason,
 )
 from agentruns.services.runtime import shutdown
-from agentruns.services.runtime.decisions import apply_decision
 from agentruns.services.runtime.failures import (
     settle_internal_error,
 )
@@ -59,6 +58,7 @@ from agentruns.services.runtime.transcript import (
     message_for_event,
     rehydrate,
 )
+from agentruns.services.runtime.verdicts import apply_decision
 from agentruns.tools import Tool
 from agentruns.tools.gate import ToolGate
 from agentruns.tools.invocation import argument_errors, overlay_input

@@ -13,7 +13,7 @@ from django.db.models import Q
 from agentruns.leases import EventSpec
 from agentruns.models import Status
 from agentruns.transitions._writer import guarded_write, state_write
-from agentruns.transitions.decisions import _lock_run
+from agentruns.transitions.deciding import _lock_run
 from agentruns.turns import RECONCILIATION, CheckStatus, PendingTurn, read_pending_turn
 
 #: ``change(pending) -> the new check status``, or ``None`` to write nothing (not this check's

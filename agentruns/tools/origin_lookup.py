@@ -13,7 +13,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit, urlunsplit
 
 from agentruns.models import McpServer, McpTransport
-from agentruns.tools.mcp import read_only_by_operator, server_name_of
+from agentruns.tools.mcp_tools import read_only_by_operator, server_name_of
 from agentruns.tools.registry import registry
 from agentruns.turns.origins import HINTS_NOTE, ServerOrigin, ToolOrigin
 
