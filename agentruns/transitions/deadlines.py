@@ -32,10 +32,9 @@ from agentruns.models import (
     ApprovalTimeoutAction,
     EventKind,
     Status,
-    TerminationReason,
 )
 from agentruns.models.configuration import MAX_APPROVAL_TIMEOUT
-from agentruns.transitions._writer import DbValue, guarded_write, state_write
+from agentruns.transitions._writer import locked_write, state_write
 from agentruns.turns import (
     DEADLINE,
     INPUT,
@@ -162,42 +161,22 @@ def run_expire_waiting(*, run_id: int, segment: str) -> Expired | None:
             action = ApprovalTimeoutAction.FAIL  # unknown or blank: the safe ending
         event = _event(run, pending, action, digest)
         decision = ApprovalDecision(approved=False, turn_digest=digest, by=DEADLINE)
-        values: dict[str, Any] = {
-            "loop_state": with_decision(
-                run.loop_state,
-                decision=decision if action == ApprovalTimeoutAction.DENY else None,
-                turn_digest=digest,
-            ),
-            "pending_turn": None,
-            "claimed_by": "",
-            "lease_expires": None,
-            # Spent: the guard read it; ``Expired.deadline`` keeps it from the locked row.
-            "approval_deadline": None,
-            "approval_timeout_action": "",
-        }
-        if action == ApprovalTimeoutAction.DENY:
-            values["status"] = Status.QUEUED
-        else:
-            values.update(
-                status=Status.FAILED,
-                termination_reason=TerminationReason.APPROVAL_EXPIRED,
-                error={
-                    "type": "ApprovalExpired",
-                    "message": f"nobody decided before the approval deadline ({run.status})",
-                },
-                pending_effect="",
-                pending_call=None,
-                finished_at=DbValue.NOW,
-            )
-        if not guarded_write(
-            run.pk,
-            _overdue() & Q(status=run.status),
-            values,
-            [event],
-            epoch=run.lease_epoch,
-            segment=segment,
-            savepoint=False,
-            locked=run,
+        state = with_decision(
+            run.loop_state,
+            decision=decision if action == ApprovalTimeoutAction.DENY else None,
+            turn_digest=digest,
+        )
+        # Spent by the same UPDATE: the guard read it; ``Expired.deadline`` keeps it from the
+        # locked row.
+        params: dict[str, Any] = {"status": run.status, "loop_state": state}
+        if action != ApprovalTimeoutAction.DENY:
+            params["error"] = {
+                "type": "ApprovalExpired",
+                "message": f"nobody decided before the approval deadline ({run.status})",
+            }
+        statement = "expire_deny" if action == ApprovalTimeoutAction.DENY else "expire_fail"
+        if (
+            locked_write(run, statement, params, [event], signer=(segment, run.lease_epoch)) is None
         ):  # pragma: no cover - impossible under the row lock
             return None
     return Expired(

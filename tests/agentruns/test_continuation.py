@@ -32,6 +32,7 @@ from tests.agentruns.runtime_support import (
     sent,
     tool_turn,
 )
+from tests.agentruns.transitions_support import claim_lease
 
 # ``sent(run)`` reads what the scripted provider recorded.
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("scripted_recordings")]
@@ -66,7 +67,7 @@ def reclaim_and_claim(run: AgentRun) -> Lease:
         segment="reaper:test:1",
         event=EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
     )
-    lease = transitions.run_claim_queued(run_id=run.pk, identity="worker:elsewhere:7")
+    lease = claim_lease(run_id=run.pk, identity="worker:elsewhere:7")
     assert lease is not None
     return lease
 

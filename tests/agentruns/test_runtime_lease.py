@@ -39,6 +39,7 @@ from tests.agentruns.runtime_support import (
     sent,
     tool_turn,
 )
+from tests.agentruns.transitions_support import claim_lease
 
 OTHER_WORKER = "worker:other-host:4242"
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +53,7 @@ def take_over(run_id: int) -> Lease:
         segment="reaper:test:1",
         event=EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
     )
-    lease = transitions.run_claim_queued(run_id=run_id, identity=OTHER_WORKER)
+    lease = claim_lease(run_id=run_id, identity=OTHER_WORKER)
     assert lease is not None
     return lease
 

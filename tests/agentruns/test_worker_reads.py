@@ -17,7 +17,7 @@ from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
 from agentruns.services import runs
 from tests.agentruns.factories import AgentConfigurationFactory
-from tests.agentruns.transitions_support import events, snapshot
+from tests.agentruns.transitions_support import claim_lease, events, snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -76,7 +76,7 @@ def test_a_caller_of_the_service_gets_the_run_as_the_segment_left_it():
 
 def test_a_run_claimed_before_is_read_once_and_its_events_once():
     run = queued_run()
-    lease = transitions.run_claim_queued(run_id=run.pk, identity="worker:gone:1")
+    lease = claim_lease(run_id=run.pk, identity="worker:gone:1")
     assert lease is not None
     assert transitions.run_requeue(lease, error={"type": "Timeout"})
 

@@ -147,22 +147,25 @@ class Pauses:
         if self._deferred_clear and (stop := self._flush()):
             return stop
         carried, self._deferred = self._deferred, []
-        written: list[AgentRun] = []
         cost = self.state.usage.cost if self._charge is not None else None
-        if self._charged(
-            lambda: transitions.run_suspend(
+        parked: AgentRun | None = None
+
+        def suspend() -> bool:
+            nonlocal parked
+            parked = transitions.run_suspend(
                 self.lease,
                 status=status,
                 pending_turn=pending,
                 loop_state=self.state.to_json(),
                 deadline=WaitDeadline.of(self.config),
                 events=carried,
-                written=written,
                 cost=cost,
             )
-        ):
-            if written:
-                self._parked = written[0]
+            return parked is not None
+
+        if self._charged(suspend):
+            if parked is not None:
+                self._parked = parked
                 self._parked.configuration = self.config  # as read by this segment
             if self.observer is not None:
                 for spec in carried:
