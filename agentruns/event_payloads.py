@@ -225,6 +225,20 @@ class BudgetPayload(TypedDict, total=False):
     day: str | None
 
 
+class EscalationPayload(TypedDict, total=False):
+    """``escalation``: nobody decided before the deadline, so the wait was handed to the
+    escalation group with a second deadline (``transitions.escalation``)."""
+
+    turn_digest: str
+    by: str  # "deadline"
+    waited: str  # the status it waited in
+    deadline: str | None  # the first deadline, which passed
+    group: str
+    group_id: int | None
+    timeout_seconds: float  # the second deadline, from the hand-over
+    then: str  # deny or fail, at the second deadline
+
+
 #: The payload shape of each kind.
 PAYLOADS: dict[str, type] = {
     EventKind.REQUEST: RequestPayload,
@@ -241,4 +255,5 @@ PAYLOADS: dict[str, type] = {
     EventKind.IN_DOUBT: InDoubtPayload,
     EventKind.CHECK: CheckPayload,
     EventKind.BUDGET: BudgetPayload,
+    EventKind.ESCALATION: EscalationPayload,
 }

@@ -21,6 +21,7 @@ from agentruns.event_payloads import (
     CancelPayload,
     CheckPayload,
     ErrorPayload,
+    EscalationPayload,
     InDoubtPayload,
     InputPayload,
     LeasePayload,
@@ -151,6 +152,18 @@ def budget(p: BudgetPayload) -> str:
     return text[:1].upper() + text[1:]
 
 
+def escalation(p: EscalationPayload) -> str:
+    then = display.lookup(display.DEADLINE_OUTCOMES, p.get("then"))
+    seconds = p.get("timeout_seconds")
+    within = (
+        f" for {display.duration_text(seconds)}"
+        if isinstance(seconds, int | float) and not isinstance(seconds, bool)
+        else ""
+    )
+    group = p.get("group") or "?"
+    return f"Escalated: nobody decided in time — handed to {group}{within}, then {then}"
+
+
 #: Each kind's summary, typed with its payload (``agentruns.event_payloads``).
 SUMMARIES: dict[str, Callable[[Any], str]] = {
     EventKind.REQUEST: request,
@@ -167,6 +180,7 @@ SUMMARIES: dict[str, Callable[[Any], str]] = {
     EventKind.IN_DOUBT: in_doubt,
     EventKind.CHECK: check,
     EventKind.BUDGET: budget,
+    EventKind.ESCALATION: escalation,
 }
 
 

@@ -88,6 +88,9 @@ class EventKind(models.TextChoices):
     CHECK = "check", "automatic check"
     # A provider call was refused before it was made: a daily budget is spent (``budgets``).
     BUDGET = "budget", "budget"
+    # Nobody decided before the deadline: the wait was handed to the escalation group, with a
+    # second deadline (``transitions.escalation``).
+    ESCALATION = "escalation", "escalation"
 
 
 class ApprovalTimeoutAction(models.TextChoices):
@@ -95,6 +98,11 @@ class ApprovalTimeoutAction(models.TextChoices):
 
     DENY = "deny", "deny the turn (the model is told it expired) and continue the run"
     FAIL = "fail", "end the run failed (approval_expired)"
+    ESCALATE = "escalate", "hand it to the escalation group, with a second deadline"
+
+
+#: What may end a wait for good (``on_escalation_timeout``: after an escalation, never another).
+FINAL_TIMEOUT_ACTIONS = (ApprovalTimeoutAction.DENY, ApprovalTimeoutAction.FAIL)
 
 
 class Segment(models.TextChoices):
