@@ -147,8 +147,7 @@ class ReviewLinkInvalid(LeaseholdError):
 
 
 class ReviewLinkForAnotherAccount(LeaseholdError):
-    """This review link was sent to another account: sign in as its recipient, or open the run
-    from the inbox."""
+    """This review link was sent to another account: sign in as its recipient, or use the inbox."""
 
     code = "review_link_another_account"
     status = 403
@@ -162,8 +161,17 @@ class ReviewLinkExpired(LeaseholdError):
 
 
 class ChatUserUnknown(LeaseholdError):
-    """Your Slack account is not linked to a Leasehold account, so it decides nothing: ask an
-    administrator to link it (manage.py slack_users link USERNAME SLACK_USER_ID)."""
+    """Your Slack account is not linked to a Leasehold account, so it decides nothing.
+
+    An administrator links it in the admin or with ``manage.py slack_users link``."""
+
+    def __init__(self, message: str | None = None, **detail: Any) -> None:
+        super().__init__(
+            message
+            or "Your Slack account is not linked to a Leasehold account, so it decides nothing: "
+            "ask an administrator to link it (manage.py slack_users link USERNAME SLACK_USER_ID).",
+            **detail,
+        )
 
     code = "chat_user_unknown"
     status = 403

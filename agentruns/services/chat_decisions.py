@@ -9,8 +9,9 @@ Slack message.
   and the reply says so.
 * **Approve** also needs ``authority.chat_approval_problem`` to find nothing: the configuration
   allows approving from chat and no preview of the turn the message showed failed — checked on
-  the turn whose digest the button carries, which the decision then binds (``StaleTurn`` if it
-  changed meanwhile). Deny needs what it needs anywhere.
+  the turn whose digest the button carries, which the decision then binds under the row lock
+  (``StaleTurn`` or ``AlreadyDecided`` if it changed meanwhile). Deny needs what it needs
+  anywhere.
 * **The reply** (``slack_link_reply``) is POSTed to the press's ``response_url``: a decision,
   and a refusal about the run itself (decided, changed, expired, gone), replace the run's
   buttons in the message for everyone with what happened and by whom; a refusal about the
@@ -94,21 +95,20 @@ def chat_account(slack_user_id: str) -> Any:
 
 
 def _approvable(run_uuid: str, turn_digest: str) -> None:
-    """Refuse approving from chat what ``chat_approval_problem`` refuses, on the turn the
-    button showed (``StaleTurn`` when the run waits on another one now)."""
+    """Refuse (``ChatApprovalRefused``) approving from chat what ``chat_approval_problem``
+    refuses on the turn the button showed. A run that no longer waits on that turn is left to
+    ``run_decide``, which says why (already decided, changed, not waiting, no such run)."""
     run = (
         AgentRun.objects.filter(uuid=run_uuid)
         .select_related("configuration")
         .only("uuid", "status", "pending_turn", "request", "configuration")
         .first()
     )
-    if run is None:
-        raise RunNotFound()
-    if run.status != Status.WAITING_FOR_APPROVAL:
-        raise NotWaiting(status=run.status)
+    if run is None or run.status != Status.WAITING_FOR_APPROVAL:
+        return
     pending = shown_turn(run, read_pending_turn(run))
     if pending.turn_digest != turn_digest:
-        raise StaleTurn()
+        return
     problem = chat_approval_problem(configuration=run.configuration, pending=pending)
     if problem is not None:
         raise ChatApprovalRefused(f"Approving from Slack is refused: {problem}.")
