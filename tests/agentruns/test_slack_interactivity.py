@@ -421,3 +421,24 @@ def test_the_admin_keeps_the_links(admin_client):
     assert SlackUser.objects.get(slack_user_id="U0FRANK").user == user
     listing = admin_client.get(reverse("admin:agentruns_slackuser_changelist"))
     assert "U0FRANK" in listing.content.decode()
+
+
+# --- Set-up checks ---------------------------------------------------------------------------------
+
+
+def test_manage_py_check_says_when_slack_is_set_up_but_cannot_work(monkeypatch):
+    from django.core.checks import run_checks
+
+    def ids() -> set[str]:
+        return {m.id for m in run_checks() if m.id.startswith("agentruns.")}
+
+    monkeypatch.delenv("LEASEHOLD_SLACK_SIGNING_SECRET", raising=False)
+    assert not ids() & {"agentruns.E020", "agentruns.W020"}
+    monkeypatch.setenv("LEASEHOLD_SLACK_SIGNING_SECRET", SECRET)
+    with override_settings(AGENTRUNS={**settings.AGENTRUNS, "SITE_URL": ""}):
+        assert "agentruns.W020" in ids()
+    with override_settings(AGENTRUNS={**settings.AGENTRUNS, "SITE_URL": SITE}):
+        assert not ids() & {"agentruns.E020", "agentruns.W020"}
+    refusing = {"SITE_URL": SITE, "SECRET_ENV_PREFIXES": ["ACME_"]}
+    with override_settings(AGENTRUNS={**settings.AGENTRUNS, **refusing}):
+        assert "agentruns.E020" in ids()
