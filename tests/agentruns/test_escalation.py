@@ -261,8 +261,17 @@ def test_the_inbox_card_says_to_whom_and_when(probes, groups, client):
     run = escalating(approvers, leads)
     client.force_login(reader)
     assert "approvals-escalated" not in client.get(reverse("approvals:inbox")).content.decode()
+    api = client.get(reverse("api:run", args=[run.uuid])).json()["pending_turn"]
+    assert (api["on_deadline"], api["escalated_to"], api["escalated_at"]) == (
+        "escalate",
+        None,
+        None,
+    )
     pass_deadline(run)
     reaper.reap_stale_runs()
+    api = client.get(reverse("api:run", args=[run.uuid])).json()["pending_turn"]
+    assert (api["on_deadline"], api["escalated_to"]) == ("deny", "on-call leads")
+    assert api["escalated_at"] is not None
     html = client.get(reverse("approvals:inbox")).content.decode()
     assert re.search(r"<dt>Escalated</dt><dd>to <strong>on-call leads</strong> <time", html)
     assert "then the run fails" not in html and "then it is denied" in html

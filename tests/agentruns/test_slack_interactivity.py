@@ -423,7 +423,7 @@ def test_the_admin_keeps_the_links(admin_client):
     assert "U0FRANK" in listing.content.decode()
 
 
-# --- Set-up checks ---------------------------------------------------------------------------------
+# --- Set-up checks -----------------------------------------------------------------------------
 
 
 def test_manage_py_check_says_when_slack_is_set_up_but_cannot_work(monkeypatch):
