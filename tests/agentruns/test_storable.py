@@ -2,7 +2,7 @@
 mended and marked (``storable.mend_json``), never refused — the call has run. A value JSON
 cannot hold at all, or one whose own code raises while it is read, is an error result that
 says the tool ran; nothing here raises. No database: the run-level tests are in
-test_hostile_results.py.
+tests/agentruns/services/runtime/test_tool_step_hostile_results.py.
 """
 
 from __future__ import annotations

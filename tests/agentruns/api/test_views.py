@@ -521,7 +521,7 @@ def test_reconciliation_refusals(api):
 
 
 def test_cancel_answers_whether_it_cancelled(api, decider):
-    run = waiting_for_approval(decider)  # their own run: see test_api_access for the others
+    run = waiting_for_approval(decider)  # their own run (others': test_views_access.py)
     response = api.post(f"/api/runs/{run.uuid}/cancel/")
     assert response.status_code == 200
     assert response.json() == {"cancelled": True}

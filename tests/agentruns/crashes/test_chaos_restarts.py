@@ -358,7 +358,7 @@ def test_requests_while_the_database_is_down_answer_503_and_the_first_after_a_re
 
 @pytest.fixture
 def private_redis_broker(private_redis: PrivateRedis, settings, monkeypatch) -> PrivateRedis:  # noqa: F811
-    """This process sends its wake-ups through the private Redis (see test_redis_broker.py for
+    """This process sends its wake-ups through the private Redis (see test_tasks_redis_broker.py for
     why ``Conf`` is patched)."""
     cluster = {k: v for k, v in settings.Q_CLUSTER.items() if k != "orm"}
     settings.Q_CLUSTER = {**cluster, "redis": private_redis.url}

@@ -6,7 +6,7 @@ transition with its decision event, the ledger intact. A person's decision past 
 is refused; a run in doubt is never touched.
 
 Real runs through the services and the scripted provider, on both databases (the threaded race
-is in ``test_deadline_races``).
+is in ``races/test_deadlines.py``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """In-doubt writes that settle themselves (issue 13 §1): a tool's ``check`` asked by a task, its
 verdict applied like a person's, unknown answers retried and then left to a person with the
 answer on the card. Deterministic crash points in-process, on SQLite and PostgreSQL alike (the
-same with real processes: ``test_crash_checks``)."""
+same with real processes: ``crashes/test_reconciliation.py``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Queued runs on both databases: enqueue, the worker's claim, queued decisions, failure recovery
 with the retry classes and exponential backoff of docs/design.md §7.1, §7.2, and the budget shared
 with the reaper. The tasks are called in-process here; real ``qcluster`` processes are in
-``test_crash.py``."""
+``crashes/test_workers.py``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the ``test_transitions_*`` modules and ``test_transition_races``:
+"""Helpers shared by the ``transitions/test_*`` modules and ``races/test_transitions.py``:
 identities, a run started through ``run_start``, whole-row snapshots and event lists to compare
 before and after a refused write, and leases a segment may hold after losing its claim.
 """

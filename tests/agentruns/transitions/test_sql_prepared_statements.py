@@ -4,7 +4,7 @@ default, safe behind a transaction-mode pooler that keeps no prepared statements
 
 ``own_session``: the tests read their connection's prepared statements (``pg_prepared_statements``
 of its server session), which behind a transaction-mode pooler is whichever server session the
-query lands on; CI's pass through PgBouncer deselects them (tests/agentruns/test_pooler.py runs
+query lands on; CI's pass through PgBouncer deselects them (transitions/test_sql_pooler.py runs
 the setting through one)."""
 
 from __future__ import annotations

@@ -207,7 +207,7 @@ def test_setup_schedules_creates_the_reaper_schedule_once():
     first = run_command("setup_schedules")
     second = run_command("setup_schedules")
 
-    # The reaper's, and the notification pass's (on by default; test_notifications.py).
+    # The reaper's, and the notification pass's (on by default; services/test_notifications.py).
     [schedule] = Schedule.objects.exclude(name=NOTIFY_SCHEDULE)
     assert (schedule.name, schedule.func) == (REAPER_SCHEDULE, REAPER_TASK)
     assert schedule.schedule_type == Schedule.MINUTES

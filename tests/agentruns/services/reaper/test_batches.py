@@ -2,7 +2,8 @@
 number of statements per batch, each run's event numbered after its own, a renewed run skipped
 among taken ones, and the run-by-run fallback when the database refuses the batch.
 
-The verdicts per rule are in ``test_reaper.py``; races and crashes in ``test_crash.py``.
+The verdicts per rule are in ``services/reaper/test_rules.py``; races and crashes in
+``crashes/test_workers.py``.
 """
 
 from __future__ import annotations

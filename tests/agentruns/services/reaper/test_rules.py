@@ -1,7 +1,7 @@
 """The reaper's rules (docs/design.md §8.2) on whichever database the suite runs on (SQLite and
 PostgreSQL).
 
-Races between reapers and crashes of real processes are in ``test_crash.py``.
+Races between reapers and crashes of real processes are in ``crashes/test_workers.py``.
 """
 
 from __future__ import annotations

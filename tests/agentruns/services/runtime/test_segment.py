@@ -1,7 +1,8 @@
 """The agent loop on both databases: completion, approval, four-eyes, input, limits, failures.
 
-Lease loss, the ticker and real processes are in ``test_runtime_lease.py``; continuation from
-the last boundary in ``test_continuation.py``; the ``openai`` provider in ``test_openai_run.py``.
+Lease loss, the ticker and real processes are in ``test_segment_lease.py``; continuation from
+the last boundary in ``test_segment_continuation.py``; the ``openai`` provider in
+``providers/test_openai_compat_runs.py``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ cannot hold. Each time the tool runs once (the write lands once), the run goes o
 model round and completes, the ``tool`` event stores the result mended and marked
 (``normalised``), the model reads exactly what is stored, the ledger verifies, and no lease, no
 fence and no reaper is involved. Run this module on SQLite and on PostgreSQL (the one that
-refuses NUL in ``jsonb``). Remote (MCP) results: test_mcp_hostile_results.py.
+refuses NUL in ``jsonb``). Remote (MCP) results: tools/test_mcp_wire.py.
 """
 
 from __future__ import annotations
