@@ -14,6 +14,7 @@ from django.db import models
 class Provider(models.TextChoices):
     SCRIPTED = "scripted", "Scripted (plays a fixed list of turns)"
     OPENAI = "openai", "OpenAI-compatible chat completions"
+    ANTHROPIC = "anthropic", "Anthropic Messages API"
 
 
 class Effect(models.TextChoices):
