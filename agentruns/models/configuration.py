@@ -103,6 +103,13 @@ class AgentConfiguration(models.Model):
     script = models.JSONField(
         default=list, blank=True, help_text="Turns for the scripted provider."
     )
+    output_schema = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="Optional: a JSON schema (an object schema, as for tool arguments) the final "
+        "answer must match as JSON. An answer that does not is sent back once with what failed; "
+        "a second ends the run failed (bad_output). Empty: the answer is free text.",
+    )
     notify_webhook_url = models.URLField(
         max_length=2048,
         blank=True,
@@ -176,9 +183,9 @@ class AgentConfiguration(models.Model):
         """Refuses what a run could not use or the database could not store: a timeout outside
         1 … ``MAX_TIMEOUT_SECONDS`` s, a round cap outside 1 … ``MAX_ROUND_CAP``, an answer's
         token bound outside 1 … ``MAX_OUTPUT_TOKENS`` or above the call's, a deadline
-        past ``MAX_APPROVAL_TIMEOUT``, JSON (``tools``,
-        ``script``) holding NUL, lone surrogates or numbers that are not finite, and a script
-        the scripted provider would refuse."""
+        past ``MAX_APPROVAL_TIMEOUT``, JSON (``tools``, ``script``, ``output_schema``) holding
+        NUL, lone surrogates or numbers that are not finite, a script the scripted provider
+        would refuse and an output schema ``tools.schemas.check_schema`` refuses."""
         errors: dict[str, str] = {}
         self._check_bounds(errors)
         self._check_json(errors)
@@ -222,8 +229,9 @@ class AgentConfiguration(models.Model):
             )
 
     def _check_json(self, errors: dict[str, str]) -> None:
-        """``tools`` and ``script`` storable, and the script one the scripted provider plays."""
-        for name in ("tools", "script"):
+        """``tools``, ``script`` and ``output_schema`` storable, the script one the scripted
+        provider plays, the output schema one the bounded validator checks."""
+        for name in ("tools", "script", "output_schema"):
             if (problem := json_problem(getattr(self, name))) is not None:
                 errors[name] = f"This JSON cannot be stored: {problem}."
         if "script" not in errors and (self.script or self.provider == Provider.SCRIPTED):
@@ -234,6 +242,13 @@ class AgentConfiguration(models.Model):
                 validate_script(self.script)
             except ProviderError as exc:
                 errors["script"] = str(exc)
+        if "output_schema" not in errors and self.output_schema is not None:
+            from agentruns.tools.schemas import InvalidSchema, check_schema
+
+            try:
+                check_schema(self.output_schema, what="output_schema")
+            except InvalidSchema as exc:
+                errors["output_schema"] = str(exc)
 
     def _check_deadline(self, errors: dict[str, str]) -> None:
         if self.approval_timeout is not None and self.approval_timeout <= timedelta(0):

@@ -187,9 +187,13 @@ class Pauses:
         error: dict[str, Any] | None = None,
         truncated: bool = False,
         events: list[EventSpec] | None = None,
+        output_object: Any = None,
     ) -> Stop | None:
         """End the run in ``status`` with ``reason`` under the lease, appending ``events`` in the
         same write. ``None``: settled."""
+        columns = totals(self.state, truncated=truncated)
+        if output_object is not None:  # a structured answer (``structured_output``)
+            columns["output_object"] = output_object
         if stop := self._flush():
             return stop
         settled = self._charged(
@@ -200,7 +204,7 @@ class Pauses:
                 reason=reason,
                 output=output,
                 error=error,
-                totals=totals(self.state, truncated=truncated),
+                totals=columns,
                 events=events or (),
             )
         )
@@ -212,7 +216,12 @@ class Pauses:
         return None
 
     def _settle_completed(
-        self, output: str, answered: EventSpec | None, *, truncated: bool
+        self,
+        output: str,
+        answered: EventSpec | None,
+        *,
+        truncated: bool,
+        output_object: Any = None,
     ) -> Stop:
         reason = TerminationReason.MAX_ITERATIONS if truncated else TerminationReason.COMPLETED
         stop = self._settle(
@@ -221,5 +230,6 @@ class Pauses:
             output=output,
             truncated=truncated,
             events=[answered] if answered is not None else None,
+            output_object=output_object,
         )
         return stop or Stop.of(Outcome.COMPLETED, reason=reason)
