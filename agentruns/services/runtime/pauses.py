@@ -26,6 +26,7 @@ from agentruns.services.runtime.previewing import (
     preview_open_calls,
 )
 from agentruns.services.runtime.results import EventObserver, Outcome, Stop
+from agentruns.services.runtime.structured_output import judge
 from agentruns.services.runtime.ticker import LeaseTicker
 from agentruns.tools import Tool
 from agentruns.tools.gate import ToolGate
@@ -233,3 +234,25 @@ class Pauses:
             output_object=output_object,
         )
         return stop or Stop.of(Outcome.COMPLETED, reason=reason)
+
+    def _final_answer(
+        self, content: str, answered: EventSpec | None, *, truncated: bool
+    ) -> Stop | None:
+        """Settle the final answer ``content`` (its event ``answered``, unless already recorded)
+        — unless the configuration's ``output_schema`` refuses it (``structured_output.judge``):
+        the first time it is recorded with what failed and ``None`` says ask again; the next
+        time the run ends ``failed`` / ``bad_output``."""
+        judged = judge(self.config.output_schema, content, self.state)
+        recorded = [answered] if answered is not None else []
+        if judged.repair is not None:
+            return self._boundary([*recorded, judged.repair])
+        if judged.failure is not None:
+            reason = TerminationReason.BAD_OUTPUT
+            error_event = EventSpec(EventKind.ERROR, dict(judged.failure))
+            stop = self._settle(
+                Status.FAILED, reason, error=judged.failure, events=[*recorded, error_event]
+            )
+            return stop or Stop.of(Outcome.FAILED, reason=reason)
+        return self._settle_completed(
+            content, answered, truncated=truncated, output_object=judged.value
+        )

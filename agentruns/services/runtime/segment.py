@@ -48,7 +48,6 @@ from agentruns.services.runtime.results import (
     Stop,
     Waker,
 )
-from agentruns.services.runtime.structured_output import judge
 from agentruns.services.runtime.tool_step import (
     denied_event,
     execute_tool_call,
@@ -357,7 +356,8 @@ class RunSegment(ProviderStep):
         cap = self._round_cap()
         if self.state.turn is None and (recorded := self._answered()) is not None:
             # A final answer recorded before it was settled (a row from before the answer and
-            # its settle became one write): settle from it, never ask the model again.
+            # its settle became one write): settle from it, never ask the model again (unless
+            # it fails the output schema: sent back, ``_final_answer``).
             stop = self._final_answer(recorded, None, truncated=self.state.iteration >= cap)
             if stop is not None:
                 return stop
@@ -380,28 +380,6 @@ class RunSegment(ProviderStep):
                     return stop
                 continue  # sent back for not matching the output schema: asked again
             # Otherwise the turn was saved with the llm event; the next pass executes it.
-
-    def _final_answer(
-        self, content: str, answered: EventSpec | None, *, truncated: bool
-    ) -> Stop | None:
-        """Settle the final answer ``content`` (its event ``answered``, unless already recorded)
-        — unless the configuration's ``output_schema`` refuses it (``structured_output.judge``):
-        the first time it is recorded with what failed and ``None`` says ask again; the next
-        time the run ends ``failed`` / ``bad_output``."""
-        judged = judge(self.config.output_schema, content, self.state)
-        recorded = [answered] if answered is not None else []
-        if judged.repair is not None:
-            return self._boundary([*recorded, judged.repair])
-        if judged.failure is not None:
-            reason = TerminationReason.BAD_OUTPUT
-            error_event = EventSpec(EventKind.ERROR, dict(judged.failure))
-            stop = self._settle(
-                Status.FAILED, reason, error=judged.failure, events=[*recorded, error_event]
-            )
-            return stop or Stop.of(Outcome.FAILED, reason=reason)
-        return self._settle_completed(
-            content, answered, truncated=truncated, output_object=judged.value
-        )
 
     def _answered(self) -> str | None:
         """The content of the dialogue's final answer, when it ends with one."""
