@@ -24,7 +24,7 @@ from agentruns.services import runs
 from agentruns.services.runtime.results import Outcome
 from agentruns.storable import REPLACEMENT
 from playground.models import Note
-from tests.agentruns.runtime_support import (
+from tests.agentruns.support.runtime import (
     assert_contiguous,
     assert_released,
     decide_inline,

@@ -26,7 +26,7 @@ from agentruns.services.runtime.structured_output import (
 )
 from agentruns.turns import LoopState
 from tests.agentruns.factories import UserFactory
-from tests.agentruns.runtime_support import (
+from tests.agentruns.support.runtime import (
     assert_contiguous,
     assert_released,
     config,
