@@ -26,6 +26,7 @@ from agentruns.event_payloads import (
     InputPayload,
     LeasePayload,
     LlmPayload,
+    OutputCheckPayload,
     ReaperPayload,
     ReconciliationPayload,
     RequestPayload,
@@ -164,6 +165,16 @@ def escalation(p: EscalationPayload) -> str:
     return f"Escalated: nobody decided in time — handed to {group}{within}, then {then}"
 
 
+def output_check(p: OutputCheckPayload) -> str:
+    errors: Any = p.get("errors")
+    errors = errors if isinstance(errors, list) else []
+    count = len(errors)
+    first = errors[0] if count and isinstance(errors[0], dict) else {}
+    said = str(first.get("message") or "")[:QUOTED]
+    more = f" (and {count - 1} more)" if count > 1 else ""
+    return f"Final answer sent back: it did not match the output schema: {said}{more}"
+
+
 #: Each kind's summary, typed with its payload (``agentruns.event_payloads``).
 SUMMARIES: dict[str, Callable[[Any], str]] = {
     EventKind.REQUEST: request,
@@ -181,6 +192,7 @@ SUMMARIES: dict[str, Callable[[Any], str]] = {
     EventKind.CHECK: check,
     EventKind.BUDGET: budget,
     EventKind.ESCALATION: escalation,
+    EventKind.OUTPUT_CHECK: output_check,
 }
 
 
