@@ -4,7 +4,7 @@ at once, by email, with their signed review link — with a second deadline
 (``escalation_timeout``) after which the final action (``on_escalation_timeout``: deny or fail)
 applies. Both steps are the reaper's deadline pass, guarded like the deadline itself; the card
 says who it was escalated to and when. Real runs through the services and the scripted
-provider, on both databases (the threaded races are in ``test_escalation_races``)."""
+provider, on both databases (the threaded races: ``tests/agentruns/races/test_escalation.py``)."""
 
 from __future__ import annotations
 
@@ -40,9 +40,9 @@ from agentruns.services.deadline_sweep import NOTIFY_ESCALATED_TASK, expire_over
 from agentruns.services.notifications import notifications_send
 from agentruns.services.runtime.results import Outcome
 from agentruns.tasks import notify_escalated
-from tests.agentruns.api_support import card_digest
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
-from tests.agentruns.runtime_support import call, config, decider, snapshot, tool_turn
+from tests.agentruns.support.api import card_digest
+from tests.agentruns.support.runtime import call, config, decider, snapshot, tool_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -33,8 +33,8 @@ from agentruns.models import DEADLINE_STATUSES, AgentRun, AgentRunEvent, EventKi
 from agentruns.services import runs
 from agentruns.services.runtime.results import Outcome as SegmentOutcome
 from agentruns.transitions.deadlines import Expired
-from tests.agentruns.runtime_support import call, config, db_now, decider, tool_turn
-from tests.agentruns.test_transition_races import race
+from tests.agentruns.support.races import race
+from tests.agentruns.support.runtime import call, config, db_now, decider, tool_turn
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -29,8 +29,8 @@ from agentruns.chat.slack_blocks import APPROVE, DENY, OPEN, webhook_blocks
 from agentruns.models import AgentRun, AgentRunEvent, Effect, SlackUser, Status
 from agentruns.notification_text import item_for
 from agentruns.tools import Tool, ToolContext, registry
-from tests.agentruns.api_support import card_digest
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
+from tests.agentruns.support.api import card_digest
 from tests.approvals.conftest import DECIDE, start_waiting_run
 
 pytestmark = pytest.mark.django_db

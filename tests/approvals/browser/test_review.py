@@ -15,7 +15,7 @@ from agentruns.models import AgentRun, AgentRunEvent, Status
 from agentruns.services.notifications import notifications_send
 from tests.agentruns.factories import UserFactory
 from tests.approvals.conftest import DECIDE, start_waiting_run
-from tests.approvals.test_browser import messages, new_page, screenshot
+from tests.approvals.support.browser import messages, new_page, screenshot
 from tests.support.axe import assert_accessible_copy
 
 pytestmark = pytest.mark.browser

@@ -22,10 +22,10 @@ from agentruns.notification_text import item_for
 from agentruns.review_links import PERSON_SALT, review_token
 from agentruns.services import runs
 from agentruns.services.notifications import notifications_send
-from tests.agentruns.api_support import card_digest
 from tests.agentruns.factories import AgentConfigurationFactory
+from tests.agentruns.support.api import card_digest
 from tests.approvals.conftest import DECIDE, start_input_run, start_waiting_run
-from tests.approvals.test_decisions import shown_messages
+from tests.approvals.test_views_decisions import shown_messages
 
 pytestmark = pytest.mark.django_db
 
