@@ -30,6 +30,7 @@ from agentruns.models import (
     McpServer,
     McpTransport,
     NotificationState,
+    SlackUser,
     SpendDay,
     SpendHold,
 )
@@ -126,7 +127,7 @@ class AgentRunEventInline(admin.TabularInline):
         return False
 
 
-_RAW_STATE = ["loop_state", "pending_turn", "request", "pending_call", "error"]
+_RAW_STATE = ["loop_state", "pending_turn", "request", "pending_call", "error", "output_object"]
 
 
 @admin.register(AgentRun)
@@ -159,6 +160,7 @@ class AgentRunAdmin(_VisibleOnly):
         "pending_turn_json",
         "pending_call_json",
         "error_json",
+        "output_object_json",
     ]
 
     actions = ["cancel_runs"]
@@ -259,6 +261,10 @@ class AgentRunAdmin(_VisibleOnly):
     @admin.display(description="error")
     def error_json(self, obj: AgentRun) -> str:
         return self._pretty(obj.error)
+
+    @admin.display(description="output object")
+    def output_object_json(self, obj: AgentRun) -> str:
+        return self._pretty(obj.output_object)
 
 
 @admin.register(AgentRunEvent)
@@ -441,3 +447,15 @@ class SpendHoldAdmin(_ReadOnly):
         "expires_at",
     ]
     list_filter = ["scope"]
+
+
+@admin.register(SlackUser)
+class SlackUserAdmin(admin.ModelAdmin):
+    """Which Django account each Slack user's button presses act as (``manage.py slack_users``
+    keeps the same table). A Slack user with no row decides nothing from Slack."""
+
+    list_display = ["slack_user_id", "user", "created_at"]
+    list_select_related = ["user"]
+    search_fields = ["slack_user_id", "user__username"]
+    raw_id_fields = ["user"]
+    readonly_fields = ["created_at"]

@@ -73,7 +73,7 @@ class LlmPayload(TypedDict, total=False):
 class ToolPayload(TypedDict, total=False):
     """``tool``: a call that ran (``RunSegment`` in ``runtime.segment``), did not run
     (``tool_step.unrun_event``: denied, expired, refused) or was reconciled
-    (``runtime.decisions._reconciled``)."""
+    (``runtime.verdicts._reconciled``)."""
 
     call_id: str
     name: str
@@ -121,7 +121,7 @@ class InputPayload(TypedDict, total=False):
 
 class ReconciliationPayload(TypedDict, total=False):
     """``reconciliation``: an in-doubt write resolved by a person (``services.decisions``,
-    ``by: "person"``) or by its tool's automatic check (``services.checks``, ``by: "check"``
+    ``by: "person"``) or by its tool's automatic check (``services.reconciliation``, ``by: "check"``
     with ``evidence``, ``attempt`` and ``result``)."""
 
     verdict: str  # landed, not_landed, abandon
@@ -138,7 +138,7 @@ class ReconciliationPayload(TypedDict, total=False):
 
 
 class LeasePayload(TypedDict, total=False):
-    """``lease``: a claim (``transitions.segment``), a requeue after a provider failure
+    """``lease``: a claim (``transitions.segment_writes``), a requeue after a provider failure
     (``ProviderStep``), a hand-back by a stopping worker (``RunSegment._hand_back``) or an
     abandon (``transitions.endings.run_abandon``)."""
 
@@ -173,8 +173,8 @@ class CancelPayload(TypedDict, total=False):
 
 class VerificationPayload(TypedDict, total=False):
     """``verification``: a decision refused at run time, because the turn about to run is not
-    the one decided (``runtime.decisions._mismatch``) or a write's preview changed
-    (``runtime.previews.preview_changed_event``)."""
+    the one decided (``runtime.verdicts._mismatch``) or a write's preview changed
+    (``runtime.previewing.preview_changed_event``)."""
 
     decision: str
     verdict: str  # mismatch, preview_changed
@@ -199,7 +199,7 @@ class InDoubtPayload(TypedDict, total=False):
 
 class CheckPayload(TypedDict, total=False):
     """``check``: a tool's automatic check that answered unknown, failed or timed out
-    (``services.checks``)."""
+    (``services.reconciliation``)."""
 
     by: str
     attempt: int
@@ -225,6 +225,36 @@ class BudgetPayload(TypedDict, total=False):
     day: str | None
 
 
+class EscalationPayload(TypedDict, total=False):
+    """``escalation``: nobody decided before the deadline, so the wait was handed to the
+    escalation group with a second deadline (``transitions.escalation``)."""
+
+    turn_digest: str
+    by: str  # "deadline"
+    waited: str  # the status it waited in
+    deadline: str | None  # the first deadline, which passed
+    group: str
+    group_id: int | None
+    timeout_seconds: float  # the second deadline, from the hand-over
+    then: str  # deny or fail, at the second deadline
+
+
+class OutputErrorPayload(TypedDict, total=False):
+    """One way a final answer failed its output schema (``SchemaError.as_dict``)."""
+
+    path: list[str | int]
+    message: str
+
+
+class OutputCheckPayload(TypedDict, total=False):
+    """``output_check``: a final answer that did not match the configuration's output schema,
+    sent back (``structured_output.judge``); ``message`` is what the model reads."""
+
+    ok: bool
+    errors: list[OutputErrorPayload]
+    message: str
+
+
 #: The payload shape of each kind.
 PAYLOADS: dict[str, type] = {
     EventKind.REQUEST: RequestPayload,
@@ -241,4 +271,6 @@ PAYLOADS: dict[str, type] = {
     EventKind.IN_DOUBT: InDoubtPayload,
     EventKind.CHECK: CheckPayload,
     EventKind.BUDGET: BudgetPayload,
+    EventKind.ESCALATION: EscalationPayload,
+    EventKind.OUTPUT_CHECK: OutputCheckPayload,
 }

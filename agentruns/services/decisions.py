@@ -20,6 +20,7 @@ from agentruns.authority import (
     Decider,
     approval_authority,
     deciding_authority,
+    escalation_of,
 )
 from agentruns.exceptions import (
     ApprovalExpired,
@@ -72,7 +73,7 @@ def _require_runnable(run: AgentRun, *, tools: bool) -> AgentConfiguration:
     its configuration was deactivated while it waited, or — ``tools``: the decision lets calls
     run — when a tool the turn shows as known is no longer registered. Cancel still works.
     Under the row lock (a decision's check); the configuration, read afresh."""
-    # Read with the locked row, in the same statement (``transitions.decisions._lock_run``).
+    # Read with the locked row, in the same statement (``transitions.deciding._lock_run``).
     configuration = run.configuration
     if not configuration.is_active:
         raise UnreadableState("its configuration was deactivated while it waited; cancel it")
@@ -112,7 +113,10 @@ def _require_authority(actor: User, run: AgentRun, configuration: AgentConfigura
     not the permissions cached on ``actor`` when the decision started).
     """
     authority = approval_authority(
-        user=Decider.afresh(actor), configuration=configuration, pending=read_pending_turn(run)
+        user=Decider.afresh(actor),
+        configuration=configuration,
+        pending=read_pending_turn(run),
+        escalated_to=escalation_of(run),
     )
     if not authority.allowed:
         raise NotPermitted(authority.refusal)

@@ -9,7 +9,8 @@ from agentruns.leases import EventSpec, Lease
 from agentruns.models import TERMINAL_STATUSES, EventKind
 from agentruns.transitions._writer import guarded_write, segment_write, state_write
 
-#: The run's columns a settle may also write (``totals``): tokens, cost, rounds, the loop state.
+#: The run's columns a settle may also write (``totals``): tokens, cost, rounds, the loop state,
+#: a structured answer (``output_object``).
 TOTALS = (
     "prompt_tokens",
     "completion_tokens",
@@ -18,6 +19,7 @@ TOTALS = (
     "iterations",
     "truncated",
     "loop_state",
+    "output_object",
 )
 
 

@@ -269,7 +269,8 @@ def run_suspend(
 
     ``deadline`` (§5.11): when the wait ends, by the database clock (``Now() + timeout``), and
     what happens then, written by the same ``UPDATE`` — the run never waits without the deadline
-    its configuration gave it; none (or no timeout) clears an earlier wait's.
+    its configuration gave it; none (or no timeout) clears an earlier wait's. An earlier wait's
+    escalation is cleared either way.
 
     ``None``: the run was cancelled or the lease lost meanwhile — fail closed, never announce a
     resumable pause.

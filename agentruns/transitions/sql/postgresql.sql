@@ -101,8 +101,8 @@ SELECT id FROM run;
 -- suspend --
 -- Park a running run in %(status)s (waiting_for_approval or waiting_for_input) with its pending
 -- turn, the claim and lease released; its approval deadline the clock plus %(wait_seconds)s
--- (NULL: none) with its action; the loop state saved, the cost when given; the events appended.
--- Returns the parked row.
+-- (NULL: none) with its action, an earlier wait's escalation cleared; the loop state saved, the
+-- cost when given; the events appended. Returns the parked row.
 -- Guard: the owner (running, claimed_by, lease_epoch) and, with events, the next sequence.
 WITH run AS (
     UPDATE agentruns_agentrun
@@ -113,6 +113,8 @@ WITH run AS (
            approval_deadline = CASE WHEN %(wait_seconds)s::float8 IS NULL THEN NULL
                ELSE STATEMENT_TIMESTAMP() + %(wait_seconds)s::float8 * INTERVAL '1 second' END,
            approval_timeout_action = %(approval_timeout_action)s,
+           escalated_at = NULL,
+           escalated_to_id = NULL,
            loop_state = %(loop_state)s::jsonb,
            cost = COALESCE(%(cost)s::numeric, cost),
            ledger_head = COALESCE(%(head)s, ledger_head),
@@ -245,7 +247,7 @@ SELECT id FROM run;
 -- settle_own --
 -- A segment ends its run: %(status)s (terminal) with its reason, output and error; claim,
 -- lease, fence and pending turn cleared; finished now; the totals (tokens, cost, rounds, the
--- loop state) when given; the events appended.
+-- loop state, a structured answer) when given; the events appended.
 -- Guard: the owner (running, claimed_by, lease_epoch) and, with events, the next sequence.
 WITH run AS (
     UPDATE agentruns_agentrun
@@ -266,6 +268,7 @@ WITH run AS (
            iterations = COALESCE(%(iterations)s::integer, iterations),
            truncated = COALESCE(%(truncated)s::boolean, truncated),
            loop_state = COALESCE(%(loop_state)s::jsonb, loop_state),
+           output_object = COALESCE(%(output_object)s::jsonb, output_object),
            ledger_head = COALESCE(%(head)s, ledger_head),
            next_sequence = COALESCE(%(next_sequence)s::integer, next_sequence),
            updated_at = STATEMENT_TIMESTAMP()
@@ -540,6 +543,41 @@ WITH run AS (
 SELECT id FROM run;
 
 
+-- escalate --
+-- The approval deadline of a waiting run whose action is escalate passed (read under its row
+-- lock): handed to the escalation group %(escalated_to_id)s now, a second deadline the clock
+-- plus %(wait_seconds)s with the final action; it keeps waiting; the escalation event appended.
+-- Guard: status %(status)s, one that has a deadline, the deadline before the clock, and the
+-- action escalate.
+WITH run AS (
+    UPDATE agentruns_agentrun
+       SET approval_deadline = STATEMENT_TIMESTAMP() + %(wait_seconds)s * INTERVAL '1 second',
+           approval_timeout_action = %(approval_timeout_action)s,
+           escalated_at = STATEMENT_TIMESTAMP(),
+           escalated_to_id = %(escalated_to_id)s,
+           ledger_head = COALESCE(%(head)s, ledger_head),
+           next_sequence = COALESCE(%(next_sequence)s::integer, next_sequence),
+           updated_at = STATEMENT_TIMESTAMP()
+     WHERE id = %(run_id)s AND status = %(status)s
+       AND status IN ('waiting_for_approval', 'waiting_for_input')
+       AND approval_deadline < STATEMENT_TIMESTAMP()
+       AND approval_timeout_action = 'escalate'
+    RETURNING id
+), appended AS (
+    INSERT INTO agentruns_agentrunevent
+           (run_id, sequence, kind, segment, lease_epoch, duration_ms, payload, actor_id,
+            created_at, actor_ref, prev_hash, hash, ledger_version, ledger_key)
+    SELECT run.id, e.sequence, e.kind, e.segment, e.lease_epoch, e.duration_ms,
+           e.payload::jsonb, e.actor, e.created_at, e.actor, e.prev_hash, e.hash,
+           e.ledger_version, e.ledger_key
+      FROM run, jsonb_to_recordset(%(events)s::jsonb) AS e(
+               sequence integer, kind text, segment text, lease_epoch integer,
+               duration_ms integer, payload text, actor integer, created_at timestamptz,
+               prev_hash text, hash text, ledger_version smallint, ledger_key text)
+)
+SELECT id FROM run;
+
+
 -- The guarded writes below take the row without a lock or a lease beforehand: each returns
 -- the run's ledger tail (uuid, ledger_head, next_sequence) under the row it now holds, its
 -- events are chained from it and appended (append_events) and the new tail written
@@ -568,6 +606,7 @@ UPDATE agentruns_agentrun
        iterations = COALESCE(%(iterations)s::integer, iterations),
        truncated = COALESCE(%(truncated)s::boolean, truncated),
        loop_state = COALESCE(%(loop_state)s::jsonb, loop_state),
+       output_object = COALESCE(%(output_object)s::jsonb, output_object),
        updated_at = STATEMENT_TIMESTAMP()
  WHERE id = %(run_id)s
    AND status IN ('queued', 'running', 'waiting_for_approval', 'waiting_for_input',
@@ -596,6 +635,7 @@ UPDATE agentruns_agentrun
        iterations = COALESCE(%(iterations)s::integer, iterations),
        truncated = COALESCE(%(truncated)s::boolean, truncated),
        loop_state = COALESCE(%(loop_state)s::jsonb, loop_state),
+       output_object = COALESCE(%(output_object)s::jsonb, output_object),
        updated_at = STATEMENT_TIMESTAMP()
  WHERE id = %(run_id)s
    AND status = 'running' AND lease_expires < STATEMENT_TIMESTAMP()

@@ -80,8 +80,8 @@ RETURNING id;
 -- suspend --
 -- Park a running run in %(status)s (waiting_for_approval or waiting_for_input) with its pending
 -- turn, the claim and lease released; its approval deadline the clock plus %(wait_seconds)s
--- (NULL: none) with its action; the loop state saved, the cost when given. Returns the parked
--- row.
+-- (NULL: none) with its action, an earlier wait's escalation cleared; the loop state saved, the
+-- cost when given. Returns the parked row.
 -- Guard: the owner (running, claimed_by, lease_epoch) and, with events, the next sequence.
 UPDATE agentruns_agentrun
    SET status = %(status)s,
@@ -92,6 +92,8 @@ UPDATE agentruns_agentrun
            ELSE STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW',
                          printf('%%+.3f seconds', %(wait_seconds)s)) || '000' END,
        approval_timeout_action = %(approval_timeout_action)s,
+       escalated_at = NULL,
+       escalated_to_id = NULL,
        loop_state = %(loop_state)s,
        cost = COALESCE(%(cost)s, cost),
        ledger_head = COALESCE(%(head)s, ledger_head),
@@ -168,7 +170,7 @@ RETURNING id;
 -- settle_own --
 -- A segment ends its run: %(status)s (terminal) with its reason, output and error; claim,
 -- lease, fence and pending turn cleared; finished now; the totals (tokens, cost, rounds, the
--- loop state) when given.
+-- loop state, a structured answer) when given.
 -- Guard: the owner (running, claimed_by, lease_epoch) and, with events, the next sequence.
 UPDATE agentruns_agentrun
    SET status = %(status)s,
@@ -188,6 +190,7 @@ UPDATE agentruns_agentrun
        iterations = COALESCE(%(iterations)s, iterations),
        truncated = COALESCE(%(truncated)s, truncated),
        loop_state = COALESCE(%(loop_state)s, loop_state),
+       output_object = COALESCE(%(output_object)s, output_object),
        ledger_head = COALESCE(%(head)s, ledger_head),
        next_sequence = COALESCE(%(next_sequence)s, next_sequence),
        updated_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
@@ -350,6 +353,28 @@ UPDATE agentruns_agentrun
 RETURNING id;
 
 
+-- escalate --
+-- The approval deadline of a waiting run whose action is escalate passed (read under its row
+-- lock): handed to the escalation group %(escalated_to_id)s now, a second deadline the clock
+-- plus %(wait_seconds)s with the final action; it keeps waiting.
+-- Guard: status %(status)s, one that has a deadline, the deadline before the clock, and the
+-- action escalate.
+UPDATE agentruns_agentrun
+   SET approval_deadline = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW',
+                                    printf('%%+.3f seconds', %(wait_seconds)s)) || '000',
+       approval_timeout_action = %(approval_timeout_action)s,
+       escalated_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW'),
+       escalated_to_id = %(escalated_to_id)s,
+       ledger_head = COALESCE(%(head)s, ledger_head),
+       next_sequence = COALESCE(%(next_sequence)s, next_sequence),
+       updated_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
+ WHERE id = %(run_id)s AND status = %(status)s
+   AND status IN ('waiting_for_approval', 'waiting_for_input')
+   AND approval_deadline < STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
+   AND approval_timeout_action = 'escalate'
+RETURNING id;
+
+
 -- The guarded writes below take the row without a lock or a lease beforehand: each returns
 -- the run's ledger tail (uuid, ledger_head, next_sequence) under the row it now holds, its
 -- events are chained from it and appended (append_events) and the new tail written
@@ -378,6 +403,7 @@ UPDATE agentruns_agentrun
        iterations = COALESCE(%(iterations)s, iterations),
        truncated = COALESCE(%(truncated)s, truncated),
        loop_state = COALESCE(%(loop_state)s, loop_state),
+       output_object = COALESCE(%(output_object)s, output_object),
        updated_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
  WHERE id = %(run_id)s
    AND status IN ('queued', 'running', 'waiting_for_approval', 'waiting_for_input',
@@ -406,6 +432,7 @@ UPDATE agentruns_agentrun
        iterations = COALESCE(%(iterations)s, iterations),
        truncated = COALESCE(%(truncated)s, truncated),
        loop_state = COALESCE(%(loop_state)s, loop_state),
+       output_object = COALESCE(%(output_object)s, output_object),
        updated_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
  WHERE id = %(run_id)s
    AND status = 'running' AND lease_expires < STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
