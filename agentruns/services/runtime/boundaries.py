@@ -262,9 +262,14 @@ class Boundaries:
         error: dict[str, Any] | None = None,
         truncated: bool = False,
         events: list[EventSpec] | None = None,
+        output_object: Any = None,
     ) -> Stop | None:
         """End the run in ``status`` with ``reason`` under the lease, appending ``events`` in the
-        same write (deferred steps are written first). ``None``: settled."""
+        same write (deferred steps are written first); ``output_object``: a structured answer
+        (``structured_output``). ``None``: settled."""
+        columns = totals(state.loop, truncated=truncated)
+        if output_object is not None:
+            columns["output_object"] = output_object
         if stop := self.flush(state):
             return stop
         lease = self.seg.lease
@@ -277,7 +282,7 @@ class Boundaries:
                 reason=reason,
                 output=output,
                 error=error,
-                totals=totals(state.loop, truncated=truncated),
+                totals=columns,
                 events=events or (),
             ),
         )
@@ -286,10 +291,12 @@ class Boundaries:
         self._observe(events or ())
         return None
 
-    def settle_completed(self, state: SegmentState, finished: Finished) -> Stop:
+    def settle_completed(
+        self, state: SegmentState, finished: Finished, *, output_object: Any = None
+    ) -> Stop:
         """Settle the model's final answer: ``completed``, or ``max_iterations`` when the round
         cap cut the run short; its ``llm`` event is written by the settle itself (one write, no
-        gap)."""
+        gap); ``output_object``: the answer parsed, when the configuration sets a schema."""
         reason = (
             TerminationReason.MAX_ITERATIONS if finished.truncated else TerminationReason.COMPLETED
         )
@@ -300,6 +307,7 @@ class Boundaries:
             output=finished.output,
             truncated=finished.truncated,
             events=[finished.answered] if finished.answered is not None else None,
+            output_object=output_object,
         )
         return stop or Stop.of(Outcome.COMPLETED, reason=reason)
 

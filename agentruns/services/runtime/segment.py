@@ -3,10 +3,11 @@ end (docs/design.md §3, §6), told top to bottom by ``continue_segment``.
 
 A segment starts from a claim: its caller took the lease (a start, a worker's claim, a decision
 continued inline) and hands it over. The segment resumes where the run's last boundary left it,
-then runs steps — the open turn (``turn_step``) or the next provider call (``model_step``) —
-until one returns a ``Stop`` (a pause, a hand-back, a failure, the lease lost) or the model's
-final answer, which it settles. ``max_iterations`` rounds end with one final call offered no
-tools (§6.2).
+then runs steps — the open turn (``turn_step``), or the next provider call (``model_step``)
+and the settle of its final answer (sent back once when it fails the configuration's output
+schema, ``structured_output``) — until one returns a ``Stop``: a pause, a hand-back, a failure,
+the lease lost, or the run settled. ``max_iterations`` rounds end with one final call offered
+no tools (§6.2).
 
 Each step takes the segment's state (``SegmentState``) and what it works with — the lease, the
 run, the gate and the provider (``Segment``) and the boundary writer (``Boundaries``) — and
@@ -20,12 +21,20 @@ from __future__ import annotations
 
 import logging
 from functools import cache, partial
+from typing import Any
 
 from agentruns import metrics
 from agentruns.conf import app_settings
 from agentruns.exceptions import StateWriteFailed
-from agentruns.leases import Lease
-from agentruns.models import AgentRun, AgentRunEvent, Status, TerminationReason
+from agentruns.leases import EventSpec, Lease
+from agentruns.models import (
+    AgentConfiguration,
+    AgentRun,
+    AgentRunEvent,
+    EventKind,
+    Status,
+    TerminationReason,
+)
 from agentruns.providers import provider_for
 from agentruns.services.runtime.boundaries import Boundaries
 from agentruns.services.runtime.failures import settle_internal_error
@@ -39,6 +48,7 @@ from agentruns.services.runtime.results import (
     Waker,
 )
 from agentruns.services.runtime.segment_state import Finished, Segment, SegmentState
+from agentruns.services.runtime.structured_output import judge
 from agentruns.services.runtime.transcript import NotRehydratable, rehydrate
 from agentruns.services.runtime.turn_step import run_turn
 from agentruns.services.runtime.verdicts import apply_decision
@@ -93,15 +103,13 @@ def continue_segment(
 def _run(
     state: SegmentState, seg: Segment, writer: Boundaries, events: list[AgentRunEvent] | None
 ) -> Stop:
-    """Resume from the last boundary, run steps until one ends the segment, settle the final
-    answer."""
-    resumed = _resume(state, seg, writer, events)
-    if isinstance(resumed, Stop):
-        return resumed
-    ended = _steps(resumed, seg, writer)
-    if isinstance(ended, Stop):
-        return ended
-    return writer.settle_completed(resumed, ended)
+    """Resume where the run's last boundary left it, then one step after another until a step
+    ends the segment: a pause, a hand-back, a failure, the lease lost, or the final answer
+    settled."""
+    step = _resume(state, seg, writer, events)
+    while isinstance(step, SegmentState):
+        step = _step(step, seg, writer)
+    return step
 
 
 def _resume(
@@ -128,33 +136,46 @@ def _resume(
     # and the next step's boundary or fence stamp saves the state (with the decision applied)
     # and notices a cancel. Should the segment die before that, only reads can have run, and
     # the next segment re-applies the stored decision (idempotent).
+    if state.loop.turn is None and (recorded := _answered(state)) is not None:
+        # A final answer recorded before it was settled (a row from before the answer and its
+        # settle became one write): settle from it, never ask the model again (unless it fails
+        # the output schema: sent back).
+        truncated = state.loop.iteration >= seg.rounds
+        return _settle_answer(state, seg, writer, Finished(recorded, None, truncated))
     return state
 
 
-def _steps(state: SegmentState, seg: Segment, writer: Boundaries) -> Finished | Stop:
-    """Run steps until one ends the segment or the model gives its final answer."""
-    cap = _round_cap(seg)
-    if state.loop.turn is None and (recorded := _answered(state)) is not None:
-        # A final answer recorded before it was settled (a row from before the answer and its
-        # settle became one write): settle from it, never ask the model again.
-        return Finished(recorded, None, truncated=state.loop.iteration >= cap)
-    while True:
-        step = _step(state, seg, writer, cap=cap)
-        if not isinstance(step, SegmentState):
-            return step
-        state = step
-
-
-def _step(
-    state: SegmentState, seg: Segment, writer: Boundaries, *, cap: int
-) -> SegmentState | Finished | Stop:
+def _step(state: SegmentState, seg: Segment, writer: Boundaries) -> SegmentState | Stop:
     """The next step: hand the run back when the worker is stopping (a safe point, between
-    steps), else run the open turn, else ask the model (with no tools offered at the cap)."""
+    steps), else run the open turn, else ask the model (offered no tools at the round cap) and
+    settle its final answer."""
     if writer.stopping():
         return writer.hand_back(state, at="round")
     if state.loop.turn is not None:
         return run_turn(state, seg, writer, state.loop.turn)
-    return ask_model(state, seg, writer, final=state.loop.iteration >= cap)
+    answer = ask_model(state, seg, writer, final=state.loop.iteration >= seg.rounds)
+    if isinstance(answer, Finished):
+        # The final answer is recorded by the settle itself: one write, no gap.
+        return _settle_answer(state, seg, writer, answer)
+    return answer
+
+
+def _settle_answer(
+    state: SegmentState, seg: Segment, writer: Boundaries, answer: Finished
+) -> SegmentState | Stop:
+    """Settle the final answer — unless the configuration's ``output_schema`` refuses it
+    (``structured_output.judge``): the first time it is recorded with what failed and the
+    model is asked again (the state); the next time the run ends ``failed`` / ``bad_output``."""
+    judged = judge(seg.config.output_schema, answer.output, state.loop)
+    recorded = [answer.answered] if answer.answered is not None else []
+    if judged.repair is not None:
+        return writer.write(state, [*recorded, judged.repair]) or state
+    if judged.failure is not None:
+        reason = TerminationReason.BAD_OUTPUT
+        failed = [*recorded, EventSpec(EventKind.ERROR, dict(judged.failure))]
+        stop = writer.settle(state, Status.FAILED, reason, error=judged.failure, events=failed)
+        return stop or Stop.of(Outcome.FAILED, reason=reason)
+    return writer.settle_completed(state, answer, output_object=judged.value)
 
 
 # -- what a segment reads --
@@ -175,6 +196,7 @@ def _segment(lease: Lease, run: AgentRun | None, retry: RetryScheduler | None) -
         gate=ToolGate.for_run(config, request),
         # Built for the segment's first provider call, once.
         provider=cache(partial(provider_for, config, request)),
+        rounds=_round_cap(config, request),
         retry=retry,
     )
 
@@ -191,11 +213,10 @@ def _answered(state: SegmentState) -> str | None:
     return None
 
 
-def _round_cap(seg: Segment) -> int:
+def _round_cap(config: AgentConfiguration, request: dict[str, Any]) -> int:
     """The rounds this run may take: the request's ``max_iterations``, else the
     configuration's, within 1…``MAX_ITERATIONS``."""
     limit = app_settings().max_iterations
-    requested = seg.request.get("max_iterations")
-    configured = seg.config.max_iterations
-    cap = requested if isinstance(requested, int) and requested > 0 else configured
+    requested = request.get("max_iterations")
+    cap = requested if isinstance(requested, int) and requested > 0 else config.max_iterations
     return max(1, min(int(cap), limit))

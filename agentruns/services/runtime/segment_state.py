@@ -3,8 +3,8 @@ as plain values (docs/design.md §6.1).
 
 A segment makes one ``SegmentState`` and hands it to each of its steps with its ``Segment`` and
 its boundary writer (``boundaries.Boundaries``); a step advances the state it is given and returns
-it, or returns a ``Stop`` (the segment is over) or a ``Finished`` (the model's final answer, which
-the segment settles). Nothing else of a segment changes between its steps.
+it, or returns a ``Stop`` (the segment is over). Nothing else of a segment changes between its
+steps.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ class SegmentState:
 
 @dataclass(frozen=True)
 class Finished:
-    """The model's final answer: ``output``, its ``llm`` event (``None``: recorded already, by a
-    segment that did not settle it) and whether the round cap cut the run short."""
+    """The model's final answer, to settle: ``output``, its ``llm`` event (``None``: recorded
+    already, by a segment that did not settle it) and whether the round cap cut the run short."""
 
     output: str
     answered: EventSpec | None
@@ -96,8 +96,10 @@ class Finished:
 class Segment:
     """What a segment works with: the ``lease`` it holds, the ``run`` and its ``config`` and
     ``request`` as it read them (identity over snapshot: read once per segment), the tools it
-    may use (``gate``), its provider (built for its first call) and, on a worker, ``retry``
-    (schedules the delayed wake-up of a run requeued after a retryable provider failure)."""
+    may use (``gate``), its provider (built for its first call), the ``rounds`` the run may
+    take (``max_iterations``: then one final call offered no tools) and, on a worker,
+    ``retry`` (schedules the delayed wake-up of a run requeued after a retryable provider
+    failure)."""
 
     lease: Lease
     run: AgentRun
@@ -105,4 +107,5 @@ class Segment:
     request: dict[str, Any]
     gate: ToolGate
     provider: Callable[[], Provider]
+    rounds: int
     retry: RetryScheduler | None = None
