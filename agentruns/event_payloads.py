@@ -46,7 +46,7 @@ class ErrorPayload(TypedDict, total=False):
 
 
 class RequestPayload(TypedDict, total=False):
-    """``request``: a provider call about to be made (``ProviderStep._call_provider``). A
+    """``request``: a provider call about to be made (``runtime.model_step.ask_model``). A
     missing ``system`` / ``tools`` means "as the previous request"."""
 
     iteration: int  # 0-based; the screens number rounds from 1 (``display.round_number``)
@@ -57,7 +57,7 @@ class RequestPayload(TypedDict, total=False):
 
 
 class LlmPayload(TypedDict, total=False):
-    """``llm``: the model's answer (``ProviderStep._call_provider``)."""
+    """``llm``: the model's answer (``runtime.model_step.ask_model``)."""
 
     iteration: int
     final: bool
@@ -71,7 +71,7 @@ class LlmPayload(TypedDict, total=False):
 
 
 class ToolPayload(TypedDict, total=False):
-    """``tool``: a call that ran (``RunSegment`` in ``runtime.segment``), did not run
+    """``tool``: a call that ran (``runtime.turn_step``), did not run
     (``tool_step.unrun_event``: denied, expired, refused) or was reconciled
     (``runtime.verdicts._reconciled``)."""
 
@@ -139,7 +139,7 @@ class ReconciliationPayload(TypedDict, total=False):
 
 class LeasePayload(TypedDict, total=False):
     """``lease``: a claim (``transitions.segment_writes``), a requeue after a provider failure
-    (``ProviderStep``), a hand-back by a stopping worker (``RunSegment._hand_back``) or an
+    (``runtime.model_step``), a hand-back by a stopping worker (``Boundaries.hand_back``) or an
     abandon (``transitions.endings.run_abandon``)."""
 
     action: str  # a key of ``display.LEASE_ACTIONS``
@@ -189,7 +189,7 @@ class VerificationPayload(TypedDict, total=False):
 
 class InDoubtPayload(TypedDict, total=False):
     """``in_doubt``: a non-idempotent write whose tool could not say whether it took effect
-    (``runtime.pauses``)."""
+    (``runtime.turn_step``)."""
 
     call_id: str
     name: str

@@ -291,17 +291,15 @@ def test_a_lost_lease_closes_the_segments_sessions_and_sends_nothing_more(
     probes.during = take_over_once()
     # Observe the moment the segment records what it noticed: its sessions are closed by then,
     # not only when the segment returns.
-    from agentruns.services.runtime import segment
-
     seen: dict[str, bool] = {}
-    notice = segment.transitions.run_notice_cancel
+    notice = transitions.run_notice_cancel
 
     def observed(*args: Any, **kwargs: Any) -> Any:
         [echoed] = read_calls(log)
         seen["server_gone"] = gone(echoed["pid"], wait=2)
         return notice(*args, **kwargs)
 
-    monkeypatch.setattr(segment.transitions, "run_notice_cancel", observed)
+    monkeypatch.setattr(transitions, "run_notice_cancel", observed)
     turn = tool_turn(
         call(name("echo"), text="before"),
         call("probe_read", value="the lease moves here"),
