@@ -51,6 +51,7 @@ TOOL_OUTCOMES = {
     "denied": "denied, did not run",
     "expired": "expired (nobody decided in time), did not run",
     "invalid_arguments": "refused: its arguments break the tool's schema",
+    "refused": "refused — not sent",
     "reconciled_landed": "took effect (said in reconciliation)",
     "reconciled_not_landed": "did not take effect (said in reconciliation)",
 }

@@ -71,7 +71,8 @@ class LlmPayload(TypedDict, total=False):
 
 
 class ToolPayload(TypedDict, total=False):
-    """``tool``: a call that ran (``RunSegment`` in ``runtime.segment``), did not run
+    """``tool``: a call that ran or that its tool refused (``RunSegment`` in
+    ``runtime.segment``; ``outcome`` ``executed`` or ``refused``), did not run
     (``tool_step.unrun_event``: denied, expired, refused) or was reconciled
     (``runtime.decisions._reconciled``)."""
 

@@ -33,6 +33,7 @@ from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.jsonview import pretty_arguments
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, Status
+from agentruns.run_counts import run_counts
 from agentruns.services import runs
 from agentruns.services.runtime.results import SegmentResult
 from agentruns.tools.shown import shown_turn
@@ -79,6 +80,7 @@ def _pending_context(
     an approval, what ``reader`` may decide on it (``agentruns.authority``, as in the inbox)."""
     context: dict[str, Any] = {
         "run": run,
+        "counts": run_counts(run),
         "timeline_url": trace.timeline_url(run),
         "cancel": _cancel(run, reader),
     }
@@ -233,7 +235,9 @@ def _bool(value: str | None) -> bool | None:
 @require_GET
 @playground_required
 def index(request: HttpRequest) -> HttpResponse:
-    return _page(request, RunForm())
+    """The start form; ``?configuration=<slug>`` chooses a configuration in it."""
+    chosen = request.GET.get("configuration")
+    return _page(request, RunForm(initial={"configuration": chosen} if chosen else None))
 
 
 @require_POST

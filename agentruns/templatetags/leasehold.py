@@ -90,6 +90,20 @@ def when(value: Any, precise: bool = True) -> str:
     return format_html('<time datetime="{}" title="{}">{}</time>', exact, exact, shown)
 
 
+@register.simple_tag
+def age(value: Any) -> str:
+    """ "3 minutes ago" (``ago``), the time in the page's zone on hover (``when``'s text)."""
+    if not isinstance(value, datetime):
+        return "—"
+    local = _local(value)
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>',
+        local.isoformat(timespec="microseconds"),
+        date_format(local, "Y-m-d H:i:s T"),
+        ago(value),
+    )
+
+
 @register.filter
 def ago(value: Any) -> str:
     """ "3 minutes ago" (a time in the future, from a skewed clock, reads "just now")."""

@@ -486,7 +486,7 @@ class RunSegment(ProviderStep):
         payload.update(
             {
                 "effect": str(effect),
-                "outcome": "executed",
+                "outcome": "refused" if result.refused else "executed",
                 "ok": result.ok,
                 "result": result.content,
                 "error": result.error,

@@ -22,8 +22,8 @@ from agentruns.leases import EventSpec, Lease
 from agentruns.models import WRITE_EFFECTS, Effect, EventKind
 from agentruns.services.runtime import shutdown
 from agentruns.services.runtime.ticker import LeaseTicker
-from agentruns.services.runtime.transcript import DENIED_MESSAGE, EXPIRED_MESSAGE
 from agentruns.tools import Tool, ToolContext, ToolResult, invoke_tool
+from agentruns.tools.result_kinds import DENIED_MESSAGE, EXPIRED_MESSAGE
 from agentruns.turns import DEADLINE, Call
 
 # --- The fence hook and the call ----------------------------------------------------------------

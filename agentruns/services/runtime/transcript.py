@@ -15,18 +15,15 @@ from typing import Any
 from agentruns.models import AgentRun, AgentRunEvent, EventKind
 from agentruns.providers.base import ToolCall
 from agentruns.tools import ToolResult
+
+# What the model reads for a call that never ran, re-exported for the runtime's callers.
+from agentruns.tools.result_kinds import DENIED_MESSAGE as DENIED_MESSAGE
+from agentruns.tools.result_kinds import EXPIRED_MESSAGE as EXPIRED_MESSAGE
 from agentruns.turns import LoopState, Unreadable
 
 
 class NotRehydratable(Exception):
     """The stored state of a run cannot be turned back into a dialogue and a loop state."""
-
-
-DENIED_MESSAGE = "denied by an operator: this call was not executed"
-EXPIRED_MESSAGE = (
-    "the request for approval (or input) expired: nobody decided before its deadline, so this "
-    "call was not executed"
-)
 
 
 def system_prompt_for(run: AgentRun) -> str:
