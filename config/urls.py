@@ -1,8 +1,11 @@
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from agentruns.metrics import metrics_view
+from config.front_door import front_door
 
 
 def healthz(request: HttpRequest) -> HttpResponse:
@@ -16,6 +19,9 @@ handler500 = "config.errors.server_error"
 admin.site.site_url = "/playground/"
 
 urlpatterns = [
+    path("", front_door, name="front-door"),
+    # Browsers ask every site for /favicon.ico (the admin's pages name none).
+    path("favicon.ico", RedirectView.as_view(url=static("agentruns/favicon.ico"), permanent=True)),
     # The approvals inbox lives inside the admin; it must precede the admin's catch-all.
     path("admin/approvals/", include("approvals.urls")),
     path("admin/", admin.site.urls),

@@ -90,7 +90,7 @@ def test_staff_log_in_approve_a_write_and_see_the_run_complete(
 
     # The worker's turn (what the django-q2 task runs), then the staff member looks again.
     assert runs.run_process_queued(run_uuid=run.uuid).outcome == "completed"
-    page.click("nav.approvals-nav >> text=Recent runs")
+    page.click("nav.lh-nav >> text=Recent runs")
     row = page.locator("tr", has=page.locator(f"a[href$='{run.uuid}/']"))
     assert "completed" in row.inner_text()
     assert "someone other than who started it" in row.inner_text()
