@@ -103,6 +103,17 @@ def run_events(*, run: AgentRun, after: int = -1) -> QuerySet[AgentRunEvent]:
     return run.events.filter(sequence__gt=after).select_related("actor").order_by("sequence")
 
 
+def run_lease(*, run_id: int) -> tuple[Any, ...] | None:
+    """``(lease_expires, lease_epoch, next_sequence, pending_effect)`` of the run now, or None
+    when it is gone: a watcher (the playground's stream) tells a heartbeat — ``lease_expires``
+    moved and nothing else did — from a step. One indexed read."""
+    return (
+        AgentRun.objects.filter(pk=run_id)
+        .values_list("lease_expires", "lease_epoch", "next_sequence", "pending_effect")
+        .first()
+    )
+
+
 def stale_runs(*, after: tuple[Any, int] | None = None) -> QuerySet[AgentRun]:
     """Running runs whose lease expired on the database clock, oldest lease first (docs/design.md
     §8.1).

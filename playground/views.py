@@ -31,7 +31,7 @@ from agentruns.authority import (
 from agentruns.exceptions import InvalidInput, InvalidRequest, LeaseholdError, RunNotFound
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.jsonview import pretty_arguments
-from agentruns.leases import EventSpec
+from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, Status
 from agentruns.run_counts import run_counts
 from agentruns.services import runs
@@ -207,8 +207,21 @@ def _stream(request: HttpRequest, start: Callable[..., SegmentResult]) -> Stream
             return exc.as_dict()
         return {"code": "internal_error", "message": "the run could not be streamed"}
 
+    def heartbeat_line(lease: Lease, lease_expires: Any) -> dict[str, Any]:
+        with timezone.override(zone):
+            html = render_to_string(
+                "playground/_heartbeat.html", {"until": lease_expires, "epoch": lease.epoch}
+            )
+        return {"run": str(lease.uuid), "lease_expires": lease_expires, "html": html}
+
     response = StreamingHttpResponse(
-        RunStream(start, step_line=step_line, end_line=end_line, error_line=error_line),
+        RunStream(
+            start,
+            step_line=step_line,
+            end_line=end_line,
+            error_line=error_line,
+            heartbeat_line=heartbeat_line,
+        ),
         content_type=NDJSON,
     )
     response["X-Accel-Buffering"] = "no"

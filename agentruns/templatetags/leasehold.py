@@ -14,10 +14,11 @@ from typing import Any
 from django import template
 from django.utils import timezone
 from django.utils.dateformat import format as date_format
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince, timeuntil
 
 from agentruns import display
+from agentruns.permission_words import authority_permissions
 
 register = template.Library()
 
@@ -135,3 +136,16 @@ def expires_in(value: Any) -> str:
 def time_zone_name() -> str:
     """The zone the page's times are shown in."""
     return str(timezone.get_current_timezone_name())
+
+
+@register.simple_tag
+def permissions_in_words(authority: Any) -> str:
+    """Under a refusal: each permission the ``Authority`` lacks, by its name and the groups
+    holding it (``agentruns.permission_words``); nothing when it lacks none."""
+    sentences = [words.sentence() for words in authority_permissions(authority)]
+    if not sentences:
+        return ""
+    return format_html(
+        '<ul class="lh-permissions">{}</ul>',
+        format_html_join("", "<li>{}</li>", ((sentence,) for sentence in sentences)),
+    )
