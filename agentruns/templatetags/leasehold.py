@@ -19,6 +19,7 @@ from django.utils.timesince import timesince, timeuntil
 
 from agentruns import display
 from agentruns.permission_words import authority_permissions
+from agentruns.run_counts import run_counts
 
 register = template.Library()
 
@@ -31,6 +32,8 @@ register.filter("writes_first", display.writes_first)
 register.filter("round_number", display.round_number)
 register.filter("money", display.money)
 register.filter("budget_text", display.budget_text)
+# ``{% with counts=run|run_counts %}``: rounds and tokens so far, for every status.
+register.filter("run_counts", run_counts)
 
 _TABLES = {
     "lease_action": display.LEASE_ACTIONS,
