@@ -15,8 +15,8 @@ def healthz(request: HttpRequest) -> HttpResponse:
 # 503 while the database is unreachable (a restart), else Django's 500 (config/errors.py).
 handler500 = "config.errors.server_error"
 
-# "View site" in the admin's header goes to the developer pages.
-admin.site.site_url = "/playground/"
+# "View site" in the admin's header goes to the front door (config.front_door).
+admin.site.site_url = "/"
 
 urlpatterns = [
     path("", front_door, name="front-door"),
