@@ -115,7 +115,7 @@ class AgentRunAdmin(_VisibleOnly):
     list_display = [
         "short_id",
         "status_shown",
-        "configuration",
+        "configuration_shown",
         "initiator_shown",
         "age",
         "cost_shown",
@@ -193,6 +193,12 @@ class AgentRunAdmin(_VisibleOnly):
         shown = display.status_label(run.status)
         return f"{shown} ({reason})" if reason and run.termination_reason != run.status else shown
 
+    @admin.display(description="configuration", ordering="configuration__slug")
+    def configuration_shown(self, run: AgentRun) -> str:
+        """Its slug (short, so that every column fits at 1280 px), its name on hover."""
+        configuration = run.configuration
+        return format_html('<span title="{}">{}</span>', configuration.name, configuration.slug)
+
     @admin.display(description="initiator", ordering="initiator__username")
     def initiator_shown(self, run: AgentRun) -> str:
         return run.initiator.get_username() if run.initiator else "unknown"
@@ -203,8 +209,11 @@ class AgentRunAdmin(_VisibleOnly):
 
     @admin.display(description="cost", ordering="cost")
     def cost_shown(self, run: AgentRun) -> str:
-        """The run's cost so far with the currency (AGENTRUNS["COST_CURRENCY"])."""
-        return f"{run.cost} {budgets.currency()}"
+        """The run's cost so far with the currency (AGENTRUNS["COST_CURRENCY"]); "—" for none
+        (an unpriced configuration)."""
+        if not run.cost:
+            return "—"
+        return f"{run.cost.normalize():f} {budgets.currency()}"
 
     @admin.display(description="waiting for")
     def waiting_for_shown(self, run: AgentRun) -> str:

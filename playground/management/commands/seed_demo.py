@@ -117,7 +117,7 @@ def demo_configurations(*, webhook_url: str, welcome_id: int) -> list[dict[str, 
             "slug": "slow-reader",
             "name": "Slow reader (scripted; its lease's heartbeats show while it waits)",
             "script": [
-                {**_call("wait", seconds=12), "delay": 1},
+                {**_call("wait", seconds=22), "delay": 1},
                 {**_call("list_notes"), "delay": 1},
                 {"content": "Done reading, slowly."},
             ],
