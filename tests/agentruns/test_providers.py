@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import threading
 import time
 import tracemalloc
@@ -21,6 +22,7 @@ from agentruns.providers.base import (
 )
 from agentruns.providers.openai_compat import OpenAIProvider
 from agentruns.providers.scripted import ScriptedProvider
+from agentruns.tools.result_kinds import DENIED_MESSAGE, EXPIRED_MESSAGE, REFUSED_PREFIX
 from tests.support.chat_server import ChatServer, ScriptedResponse, unused_port
 
 KEY_ENV = "LEASEHOLD_TEST_PROVIDER_KEY"
@@ -240,6 +242,12 @@ def test_the_request_script_overrides_the_configuration_script():
         [{"content": "x", "error": "sometimes"}],
         [{"content": "x", "times": 2}],
         [{"content": "x", "usage": {"prompt_tokens": "many"}}],
+        [{"branches": []}],
+        [{"branches": [{"content": "x"}], "content": "y"}],
+        [{"branches": [{"when": "maybe", "content": "x"}]}],
+        [{"branches": [{"when": [], "content": "x"}]}],
+        [{"branches": [{"when": "ok"}]}],
+        [{"branches": [{"branches": [{"content": "x"}]}]}],
     ],
 )
 def test_a_malformed_script_is_a_clear_fatal_error(script):
@@ -462,3 +470,52 @@ def test_openai_answer_that_is_not_a_completion_is_a_fatal_bad_response(
     with pytest.raises(ProviderError) as caught:
         complete(provider, dialogue(0))
     assert (caught.value.kind, caught.value.retryable) == (ErrorKind.BAD_RESPONSE, False)
+
+
+BRANCHES = [
+    {"tool_calls": [{"name": "call_webhook", "arguments": {}}]},
+    {
+        "branches": [
+            {"when": "denied", "content": "You denied it."},
+            {"when": ["refused", "expired"], "content": "Not sent."},
+            {"when": "error", "content": "It failed."},
+            {"content": "Sent."},
+        ]
+    },
+]
+
+
+def after(*results: object) -> list[dict[str, object]]:
+    """The dialogue after the first turn's calls, whose tool messages carry ``results``."""
+    return [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": ""},
+        *({"role": "tool", "content": json.dumps(result)} for result in results),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("results", "answer"),
+    [
+        ([{"error": DENIED_MESSAGE}], "You denied it."),
+        ([{"error": EXPIRED_MESSAGE}], "Not sent."),
+        ([{"error": REFUSED_PREFIX + "host not allowed"}], "Not sent."),
+        ([{"error": "ConnectionError: could not connect"}], "It failed."),
+        ([{"status": 500, "body": "oops"}], "Sent."),  # an HTTP status is a result
+        ([{"status": 200}, {"error": DENIED_MESSAGE}], "You denied it."),  # any denial first
+        ([{"status": 200}, {"error": "boom"}], "It failed."),
+    ],
+)
+def test_a_scripted_turn_answers_what_happened_to_the_previous_calls(results, answer):
+    provider = ScriptedProvider(script=BRANCHES)
+    assert provider.complete(messages=after(*results), tools=[], run_uuid="r").content == answer
+
+
+def test_a_scripted_turn_without_a_branch_for_what_happened_is_a_clear_fatal_error():
+    provider = ScriptedProvider(
+        script=[BRANCHES[0], {"branches": [{"when": "ok", "content": "x"}]}]
+    )
+    with pytest.raises(ProviderError) as caught:
+        provider.complete(messages=after({"error": DENIED_MESSAGE}), tools=[], run_uuid="r")
+    assert caught.value.kind == ErrorKind.SCRIPT_INVALID
+    assert "turn 1 has no branch for a previous result that is 'denied'" in str(caught.value)

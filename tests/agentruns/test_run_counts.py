@@ -65,3 +65,19 @@ def test_an_unreadable_loop_state_falls_back_to_the_columns() -> None:
     AgentRun.objects.filter(pk=run.pk).update(loop_state="broken", iterations=7)
     run.refresh_from_db()
     assert run_counts(run).rounds == 7
+
+
+def test_every_surface_counts_a_cancelled_run_the_same(client) -> None:
+    boss = UserFactory(is_superuser=True)
+    run = waiting_for_approval(boss, script=SCRIPT)
+    assert runs.run_cancel(run_uuid=run.uuid, note="test")
+    client.force_login(boss)
+    body = client.get(f"/api/runs/{run.uuid}/").json()
+    assert (body["iterations"], body["prompt_tokens"], body["completion_tokens"]) == (2, 22, 8)
+    assert body["total_tokens"] == 30
+    listed = client.get("/api/runs/").json()["results"][0]
+    assert (listed["iterations"], listed["total_tokens"]) == (2, 30)
+    page = client.get(f"/playground/runs/{run.uuid}/").content.decode()
+    assert "2 rounds · 22 + 8 = 30 tokens" in page
+    timeline = client.get(f"/admin/approvals/runs/{run.uuid}/").content.decode()
+    assert "2 rounds · 22 + 8 = 30 tokens" in timeline
