@@ -22,7 +22,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils.html import format_html
 
-from agentruns import budgets, display, selectors
+from agentruns import display, selectors
 from agentruns.authority import DECIDE_PERMISSION
 from agentruns.exceptions import LeaseholdError
 from agentruns.jsonview import pretty_json
@@ -211,9 +211,7 @@ class AgentRunAdmin(_VisibleOnly):
     def cost_shown(self, run: AgentRun) -> str:
         """The run's cost so far with the currency (AGENTRUNS["COST_CURRENCY"]); "—" for none
         (an unpriced configuration)."""
-        if not run.cost:
-            return "—"
-        return f"{run.cost.normalize():f} {budgets.currency()}"
+        return display.money(run.cost) if run.cost else "—"
 
     @admin.display(description="waiting for")
     def waiting_for_shown(self, run: AgentRun) -> str:

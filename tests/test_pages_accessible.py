@@ -116,6 +116,8 @@ def test_every_page_we_add_passes_axe(browser, live_server, receiver, demo, widt
             "/admin/agentruns/agentrun/dashboard/",
             "/admin/agentruns/agentrun/",
             f"/admin/agentruns/agentrun/{done.pk}/change/",
+            "/admin/agentruns/agentrunevent/",
+            f"/admin/agentruns/agentrunevent/{done.events.first().pk}/change/",
         ):
             # The admin's own tables (its change list) may scroll at 375 px; ours may not.
             check(page, base + path)

@@ -266,7 +266,9 @@ def test_a_reviewer_without_the_tool_s_permission_sees_deny_only_and_what_is_mis
     line = shown.locator(".approvals-missing")
     assert line.inner_text() == (
         "You may not approve this turn: approving call_webhook needs "
-        "playground.approve_webhooks. You may deny it."
+        "playground.approve_webhooks. You may deny it.\n\n"
+        "“Can approve calls of call_webhook” (playground.approve_webhooks) is held by no group: "
+        "only by superusers and by whoever it is given to."
     )
     # The decision's group is described by that line, for screen readers too.
     described = shown.locator("fieldset").get_attribute("aria-describedby")
