@@ -137,6 +137,7 @@ class AgentRunAdmin(_VisibleOnly):
             "waiting_for_shown",
             "prompt",
             "output",
+            "output_object_json",
             "error_json",
         ],
         "Counts": ["rounds", "tokens", "cost_shown", "truncated", "requeue_count"],
@@ -265,6 +266,10 @@ class AgentRunAdmin(_VisibleOnly):
     @admin.display(description="error")
     def error_json(self, obj: AgentRun) -> str:
         return self._pretty(obj.error)
+
+    @admin.display(description="output object")
+    def output_object_json(self, obj: AgentRun) -> str:
+        return self._pretty(obj.output_object)
 
     # --- Cancel ----------------------------------------------------------------------------------
 

@@ -21,10 +21,12 @@ from agentruns.event_payloads import (
     CancelPayload,
     CheckPayload,
     ErrorPayload,
+    EscalationPayload,
     InDoubtPayload,
     InputPayload,
     LeasePayload,
     LlmPayload,
+    OutputCheckPayload,
     ReaperPayload,
     ReconciliationPayload,
     RequestPayload,
@@ -151,6 +153,28 @@ def budget(p: BudgetPayload) -> str:
     return text[:1].upper() + text[1:]
 
 
+def escalation(p: EscalationPayload) -> str:
+    then = display.lookup(display.DEADLINE_OUTCOMES, p.get("then"))
+    seconds = p.get("timeout_seconds")
+    within = (
+        f" for {display.duration_text(seconds)}"
+        if isinstance(seconds, int | float) and not isinstance(seconds, bool)
+        else ""
+    )
+    group = p.get("group") or "?"
+    return f"Escalated: nobody decided in time — handed to {group}{within}, then {then}"
+
+
+def output_check(p: OutputCheckPayload) -> str:
+    errors: Any = p.get("errors")
+    errors = errors if isinstance(errors, list) else []
+    count = len(errors)
+    first = errors[0] if count and isinstance(errors[0], dict) else {}
+    said = str(first.get("message") or "")[:QUOTED]
+    more = f" (and {count - 1} more)" if count > 1 else ""
+    return f"Final answer sent back: it did not match the output schema: {said}{more}"
+
+
 #: Each kind's summary, typed with its payload (``agentruns.event_payloads``).
 SUMMARIES: dict[str, Callable[[Any], str]] = {
     EventKind.REQUEST: request,
@@ -167,6 +191,8 @@ SUMMARIES: dict[str, Callable[[Any], str]] = {
     EventKind.IN_DOUBT: in_doubt,
     EventKind.CHECK: check,
     EventKind.BUDGET: budget,
+    EventKind.ESCALATION: escalation,
+    EventKind.OUTPUT_CHECK: output_check,
 }
 
 

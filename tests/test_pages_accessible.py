@@ -21,8 +21,8 @@ from agentruns.models import AgentConfiguration, AgentRun, Status
 from agentruns.services import runs
 from playground.receiver import DemoReceiver
 from tests.approvals.conftest import make_in_doubt_run
+from tests.approvals.support.browser import screenshot
 from tests.playground.conftest import join_streams
-from tests.playground.test_browser import shot
 from tests.support.axe import assert_accessible
 from tests.support.browser import new_page
 
@@ -161,7 +161,7 @@ def test_the_timeline_is_a_list_at_375_px(browser, live_server, receiver, demo):
             assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 375
         label = when.evaluate("td => getComputedStyle(td, '::before').content")
         assert label == '"When: "'
-        shot(page, "timeline-375.png", full_page=True)
+        screenshot(page, "timeline-375.png")
         # The refused call reads as refused, never as a failure that ran.
         assert "ran — failed" not in page.inner_text("table.approvals-timeline")
     finally:

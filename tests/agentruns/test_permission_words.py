@@ -12,8 +12,8 @@ from agentruns.permission_words import authority_permissions, permissions_in_wor
 from agentruns.templatetags.leasehold import permissions_in_words as tag
 from agentruns.tools.shown import shown_turn
 from agentruns.turns import read_pending_turn
-from tests.agentruns.api_support import WEBHOOK_SCRIPT, waiting_for_approval
 from tests.agentruns.factories import UserFactory
+from tests.agentruns.support.api import WEBHOOK_SCRIPT, waiting_for_approval
 
 pytestmark = pytest.mark.django_db
 

@@ -9,8 +9,8 @@ import pytest
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
 from agentruns.run_counts import run_counts
 from agentruns.services import runs
-from tests.agentruns.api_support import digest, waiting_for_approval
 from tests.agentruns.factories import UserFactory
+from tests.agentruns.support.api import digest, waiting_for_approval
 
 pytestmark = pytest.mark.django_db
 
