@@ -20,15 +20,6 @@ touched. Workloads:
 Tool bodies and the scripted provider issue no SQL, so every statement counted is the runtime's.
 A round runs from one ``request`` event to the next; the closing provider call is not a round.
 
-``--prepared-ab`` measures only the prepared statements' worth (``AGENTRUNS_PREPARED_STATEMENTS``,
-PostgreSQL): each workload's rounds timed with the setting on and off, alternated round by round
-within each run (which comes first alternates run by run), the difference taken per pair of
-neighbouring rounds; no raw baseline (its
-connection would prepare its own statements, which behind a transaction-mode pooler can meet the
-runtime's on a shared server connection). Behind such a pooler the runtime's prepared statements
-only work while one client has the pool to itself, as here: the figure is what a pooler that
-keeps prepared statements (PgBouncer >= 1.21 with ``max_prepared_statements``) could gain.
-
 ``--priced`` prices the configuration (each answer is charged to the spend ledger) and
 ``--budget`` also gives it a daily budget it never reaches (the check before each provider
 call), docs/design.md §14.
@@ -326,87 +317,6 @@ def _unhashed_rounds(
     return plain
 
 
-class Alternating:
-    """Observer: at each round's start (a committed ``request`` event) flips
-    ``PREPARED_STATEMENTS`` in ``agentruns`` (``conf.get`` reads it at every statement), so the
-    round runs with the value chosen at its start; marks when (wall clock and the process's CPU
-    time) and with which."""
-
-    def __init__(self, agentruns: dict[str, Any], *, first: bool) -> None:
-        self.agentruns = agentruns
-        self.first = first
-        self.marks: list[tuple[float, float, bool]] = []  # (wall, process CPU, prepared)
-        agentruns["PREPARED_STATEMENTS"] = first  # the run's claim and first request
-
-    def __call__(self, spec: Any) -> None:
-        if spec.kind == "request":
-            prepared = self.first if len(self.marks) % 2 == 0 else not self.first
-            self.agentruns["PREPARED_STATEMENTS"] = prepared
-            self.marks.append((time.perf_counter(), time.process_time(), prepared))
-
-
-def prepared_ab(
-    workload: str, *, runs: int, rounds: int, config: Any, approver: Any
-) -> dict[str, Any]:
-    """``runs`` runs whose rounds alternate between the step boundary's statements prepared and
-    not (the setting flips at each round's start; which comes first alternates run by run), so
-    that each pair of neighbouring rounds sees the same machine load; the rounds' median times
-    and the median of the per-pair differences."""
-    from django.conf import settings
-
-    agentruns = getattr(settings, "AGENTRUNS", None)
-    if agentruns is None:
-        settings.AGENTRUNS = agentruns = {}
-    saved = agentruns.get("PREPARED_STATEMENTS", False)
-    times: dict[bool, list[float]] = {True: [], False: []}
-    cpu: dict[bool, list[float]] = {True: [], False: []}
-    gains: list[float] = []  # per pair of neighbouring rounds: % the unprepared one took longer
-    try:
-        for index in range(runs):
-            flip = Alternating(agentruns, first=index % 2 == 0)
-            assert one_run(workload, rounds, flip, approver, config) == "completed"
-            spans = [
-                ((b[0] - a[0]) * 1000, (b[1] - a[1]) * 1000, a[2])
-                for a, b in itertools.pairwise(flip.marks)
-            ]
-            for ms, cpu_ms, prepared in spans:
-                times[prepared].append(ms)
-                cpu[prepared].append(cpu_ms)
-            for (one, _, p1), (two, _, _) in zip(spans[0::2], spans[1::2], strict=False):
-                on, off = (one, two) if p1 else (two, one)
-                gains.append((off - on) / off * 100)
-    finally:
-        agentruns["PREPARED_STATEMENTS"] = saved
-    from django.db import connection
-
-    with connection.cursor() as cursor:  # proof the "on" rounds prepared (directly: all of them)
-        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
-        prepared_now = cursor.fetchone()[0]
-    on_ms, off_ms, gain = (statistics.median(x) for x in (times[True], times[False], gains))
-    on_cpu, off_cpu = statistics.median(cpu[True]), statistics.median(cpu[False])
-    quartiles = statistics.quantiles(gains, n=4) if len(gains) > 1 else [gain] * 3
-    print(
-        f"\n== {workload} rounds, prepared statements on vs off, alternated round by round "
-        f"({len(times[True])} + {len(times[False])} rounds, {runs} runs)"
-    )
-    print(f"  on:  median {on_ms:.3f} ms per round (the runtime's CPU {on_cpu:.3f} ms)")
-    print(f"  off: median {off_ms:.3f} ms per round (the runtime's CPU {off_cpu:.3f} ms)")
-    print(
-        f"  preparing saves {gain:+.1f} % of a round (median of {len(gains)} neighbouring "
-        f"pairs, quartiles {quartiles[0]:+.1f} / {quartiles[2]:+.1f}); medians differ by "
-        f"{off_ms - on_ms:+.3f} ms, the runtime's CPU by {off_cpu - on_cpu:+.3f} ms"
-    )
-    print(f"  statements prepared in the server session the last query met: {prepared_now}")
-    return {
-        "on_ms": round(on_ms, 3),
-        "off_ms": round(off_ms, 3),
-        "saved_percent": round(gain, 2),
-        "pairs": len(gains),
-        "on_cpu_ms": round(on_cpu, 3),
-        "off_cpu_ms": round(off_cpu, 3),
-    }
-
-
 # --- The raw baseline ----------------------------------------------------------------------------
 
 
@@ -620,11 +530,6 @@ def main() -> None:
         action="store_true",
         help="with --priced, a daily budget it never reaches: the check before each call",
     )
-    parser.add_argument(
-        "--prepared-ab",
-        action="store_true",
-        help="PostgreSQL: only the rounds with prepared statements on vs off, alternated",
-    )
     args = parser.parse_args()
     rounds = max(2, min(args.rounds, 19))
 
@@ -657,19 +562,6 @@ def main() -> None:
         print(f"database: {target.label}")
         print(f"{args.runs} runs x {rounds} rounds per workload; no-op tools, scripted provider")
         print(f"machine load average (1/5/15 min): {os.getloadavg()}, {os.cpu_count()} CPUs")
-        if args.prepared_ab:
-            if target.vendor != "postgresql":
-                sys.exit("--prepared-ab needs a PostgreSQL DATABASE_URL")
-            one_run("read", 2, RoundClock(), approver, config)
-            one_run("write", 2, RoundClock(), approver, config)
-            ab: dict[str, Any] = {"database": target.vendor, "url": target.label}
-            for workload in ("read", "write"):
-                ab[workload] = prepared_ab(
-                    workload, runs=args.runs, rounds=rounds, config=config, approver=approver
-                )
-            if args.json:
-                print(json.dumps({"prepared_ab": ab}))
-            return
         baseline = RawBaseline(target)
         results: dict[str, Any] = {
             "database": target.vendor,

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Q
 
 from agentruns.exceptions import (
     AlreadyDecided,
@@ -21,16 +20,10 @@ from agentruns.leases import Decided, EventSpec, Lease
 from agentruns.models import (
     AgentRun,
     Status,
-    TerminationReason,
 )
 from agentruns.tools.gate import ToolGate
 from agentruns.tools.shown import executing_digest, shown_turn
-from agentruns.transitions._sql import RUN_FIELDS
-from agentruns.transitions._writer import (
-    DbValue,
-    guarded_write,
-    state_write,
-)
+from agentruns.transitions._writer import lease_seconds, locked_write, show, state_write
 from agentruns.turns import (
     Decision,
     decided_digests,
@@ -54,18 +47,6 @@ def _lock_run(run_uuid: UUID | str) -> AgentRun:
         )
     except (AgentRun.DoesNotExist, ValidationError, ValueError) as exc:
         raise RunNotFound() from exc
-
-
-def _show_written(run: AgentRun, values: Mapping[str, Any]) -> None:
-    """Make ``run`` show what an ``UPDATE`` of ``values`` wrote without reading the row back:
-    plain values are set; values the database computed (expressions: the clock) are deferred,
-    so Django loads them on first access and a stale one is never seen."""
-    for name, value in values.items():
-        attname = RUN_FIELDS[name].attname
-        if isinstance(value, DbValue) or hasattr(value, "resolve_expression"):
-            run.__dict__.pop(attname, None)
-        else:
-            setattr(run, attname, value)
 
 
 def _check_turn(run: AgentRun, *, expected_status: str, turn_digest: str | None) -> None:
@@ -118,8 +99,8 @@ def run_decide(
     audited if and only if it took effect. ``event`` may be a function of the locked run (to name
     what was decided, e.g. the pending calls, from the row the guard checked).
 
-    The returned run is not read back: it shows the values written, and the columns the
-    database computed (``lease_expires``, ``updated_at``) are deferred — loaded on first access.
+    The returned run is not read back: it shows the row as the write returned it (the statement
+    ``decide_queue`` or ``decide_resume``).
 
     Raises ``RunNotFound``, ``StaleTurn``, ``AlreadyDecided``, ``NotWaiting`` or what ``check``
     raises; nothing changes then.
@@ -130,40 +111,25 @@ def run_decide(
         if check is not None:
             check(run)
         state = with_decision(run.loop_state, decision=decision, turn_digest=turn_digest)
-        values: dict[str, Any] = {
-            "loop_state": state,
-            "pending_turn": None,
-            # A reconciliation verdict resolves the in-doubt write: the fence has done its job.
-            "pending_effect": "",
-            "pending_call": None,
-            # The wait is over: its deadline means nothing now (the next wait writes its own).
-            "approval_deadline": None,
-            "approval_timeout_action": "",
-        }
+        params: dict[str, Any] = {"status": expected_status, "loop_state": state}
         lease = None
+        signer = ("", run.lease_epoch)
         if identity:
             lease = Lease(run.pk, run.uuid, identity, run.lease_epoch + 1, next_sequence=0)
-            values.update(
-                status=Status.RUNNING,
-                claimed_by=identity,
-                lease_expires=DbValue.LEASE_DEADLINE,
-                lease_epoch=lease.epoch,
-            )
-        else:
-            values.update(status=Status.QUEUED)
+            params.update(owner=identity, epoch=lease.epoch, lease_seconds=lease_seconds())
+            signer = (lease.owner, lease.epoch)
         written = event(run) if callable(event) else event
-        if not guarded_write(
-            run.pk,
-            Q(status=expected_status),
-            values,
+        row = locked_write(
+            run,
+            "decide_resume" if identity else "decide_queue",
+            params,
             [written],
-            epoch=run.lease_epoch,
+            signer=signer,
             lease=lease,
-            savepoint=False,
-            locked=run,
-        ):  # pragma: no cover - impossible under the row lock
+        )
+        if row is None:  # pragma: no cover - impossible under the row lock
             raise NotWaiting()
-        _show_written(run, {**values, "updated_at": DbValue.NOW})
+        show(run, row)
     return Decided(run=run, lease=lease, event=written)
 
 
@@ -177,8 +143,8 @@ def run_reconcile_abandon(
 ) -> AgentRun:
     """Settle an in-doubt run ``failed`` / ``reconciled_abandoned`` under the row lock.
 
-    Guard: ``waiting_for_reconciliation`` and the digest of the in-doubt call. Raises as
-    ``run_decide``.
+    Guard: ``waiting_for_reconciliation`` and the digest of the in-doubt call (the statement
+    ``reconcile_abandon``). Raises as ``run_decide``.
     """
     with transaction.atomic():
         run = _lock_run(run_uuid)
@@ -186,25 +152,10 @@ def run_reconcile_abandon(
         if check is not None:
             check(run)
         state = with_decision(run.loop_state, decision=None, turn_digest=turn_digest)
-        if not guarded_write(
-            run.pk,
-            Q(status=Status.WAITING_FOR_RECONCILIATION),
-            {
-                "status": Status.FAILED,
-                "termination_reason": TerminationReason.RECONCILED_ABANDONED,
-                "loop_state": state,
-                "pending_turn": None,
-                "claimed_by": "",
-                "lease_expires": None,
-                "pending_effect": "",
-                "pending_call": None,
-                "finished_at": DbValue.NOW,
-            },
-            [event],
-            epoch=run.lease_epoch,
-            savepoint=False,
-            locked=run,
-        ):  # pragma: no cover - impossible under the row lock
+        row = locked_write(
+            run, "reconcile_abandon", {"loop_state": state}, [event], signer=("", run.lease_epoch)
+        )
+        if row is None:  # pragma: no cover - impossible under the row lock
             raise NotWaiting()
-        run.refresh_from_db()
+        show(run, row)
     return run

@@ -12,14 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, transaction
 
 from agentruns import budgets, transitions
 from agentruns.exceptions import StateWriteFailed
 from agentruns.leases import EventSpec
-from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
+from agentruns.models import Effect, EventKind, Status, TerminationReason
 from agentruns.services import dispatch
 from agentruns.services.runtime import shutdown
 from agentruns.services.runtime.failures import totals
@@ -30,6 +30,9 @@ from agentruns.transitions.deadlines import WaitDeadline
 from agentruns.turns import PendingTurn
 
 logger = logging.getLogger(__name__)
+
+#: What a guarded write returns: a verdict (bool) or the row it wrote (``None``: no match).
+_Written = TypeVar("_Written")
 
 # Kinds of event that record a step that happened: kept in the audit when a cancel is noticed.
 _COMPLETED_KINDS = (EventKind.TOOL, EventKind.LLM, EventKind.IN_DOUBT)
@@ -200,10 +203,9 @@ class Boundaries:
         if state.unwritten.clear and (stop := self.flush(state)):
             return stop
         carried, _ = state.unwritten.take()
-        written: list[AgentRun] = []
         cost = state.cost_to_record()
         lease, config = self.seg.lease, self.seg.config
-        suspended = self._charged(
+        parked = self._charged(
             state,
             lambda: transitions.run_suspend(
                 lease,
@@ -212,16 +214,13 @@ class Boundaries:
                 loop_state=state.loop.to_json(),
                 deadline=WaitDeadline.of(config),
                 events=carried,
-                written=written,
                 cost=cost,
             ),
         )
-        if not suspended:
+        if parked is None:
             lost = self.lost(state, completed=carried)
             return lost if lost.outcome == Outcome.CANCELLED else Stop(Outcome.SUSPEND_FAILED)
-        parked = written[0] if written else None
-        if parked is not None:
-            parked.configuration = config  # as read by this segment
+        parked.configuration = config  # as read by this segment
         self._observe(carried)
         return Stop(outcome, run=parked)
 
@@ -313,22 +312,24 @@ class Boundaries:
 
     # -- helpers --
 
-    def _charged(self, state: SegmentState, write: Callable[[], bool]) -> bool:
+    def _charged(self, state: SegmentState, write: Callable[[], _Written]) -> _Written:
         """``write`` (which records an answer's event), and the answer's charge in the spend
         ledger (``budgets.charge``) in the same transaction when one is pending: both or
-        neither. ``False``: ``write`` matched no row; the charge stays pending for ``lost``."""
+        neither. Returns what ``write`` returned; falsy (``False``, ``None``): it matched no row,
+        and the charge stays pending for ``lost``."""
         pending = state.unwritten.charge
         if pending is None:
             return write()
         with transaction.atomic():
-            if not write():
-                return False
+            written = write()
+            if not written:
+                return written
             try:
                 budgets.charge(pending)
             except DatabaseError as exc:  # rolls the write back with it
                 raise StateWriteFailed("the spend ledger refused the charge") from exc
         state.unwritten.charge = None
-        return True
+        return written
 
     def _observe(self, written: Iterable[EventSpec]) -> None:
         if self.observer is not None:

@@ -52,14 +52,18 @@ def test_a_decision_reads_the_run_once_and_does_not_read_it_back(identity):
     writes = {"WITH": 1} if connection.vendor == "postgresql" else {"UPDATE": 1, "INSERT": 1}
     assert statements(captured) == Counter({"SELECT": 1, **writes})
     assert not any("MAX(" in q["sql"].upper() for q in captured.captured_queries)
-    # The returned run shows what was written; the database clock's columns load on access.
-    assert decided.run.status == (Status.RUNNING if identity else Status.QUEUED)
-    assert decided.run.claimed_by == (identity or "")
-    assert decided.run.lease_epoch == (2 if identity else 1)
-    assert decided.run.pending_turn is None
-    assert decided.run.loop_state["decision"] == ApprovalDecision(approved=True).to_json()
-    computed = {"lease_expires", "updated_at"} if identity else {"updated_at"}
-    assert decided.run.get_deferred_fields() == computed
+    # The returned run shows what was written, the database clock's columns too: the row as the
+    # guarded UPDATE returned it, nothing left to load.
+    with CaptureQueriesContext(connection) as shown:
+        assert decided.run.status == (Status.RUNNING if identity else Status.QUEUED)
+        assert decided.run.claimed_by == (identity or "")
+        assert decided.run.lease_epoch == (2 if identity else 1)
+        assert decided.run.pending_turn is None
+        assert decided.run.loop_state["decision"] == ApprovalDecision(approved=True).to_json()
+        assert decided.run.get_deferred_fields() == set()
+        assert decided.run.updated_at is not None
+        assert (decided.run.lease_expires is not None) == bool(identity)
+    assert shown.captured_queries == []
     row = AgentRun.objects.get(pk=lease.run_id)
     assert (decided.run.lease_expires, decided.run.updated_at) == (
         row.lease_expires,

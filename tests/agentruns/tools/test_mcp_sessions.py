@@ -40,6 +40,7 @@ from agentruns.tools.mcp_tools import McpRefused
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 from tests.agentruns.support.api import card_digest
 from tests.agentruns.support.runtime import PROBE_NAMES, call, tool_turn
+from tests.agentruns.support.transitions import claim_lease
 from tests.support.mcp_stdio_server import read_calls, stdio_command
 
 SERVER = "local"
@@ -111,7 +112,7 @@ def take_over_once() -> Any:
             segment="reaper:test:1",
             event=EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
         )
-        assert transitions.run_claim_queued(run_id=run_id, identity="worker:other:1") is not None
+        assert claim_lease(run_id=run_id, identity="worker:other:1") is not None
 
     return during
 

@@ -20,7 +20,6 @@ from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status, TerminationReason
 from agentruns.transitions import (
     run_cancel,
-    run_claim_queued,
     run_decide,
     run_heartbeat,
     run_reconcile_abandon,
@@ -40,6 +39,7 @@ from tests.agentruns.support.transitions import (
     DIGEST,
     WORKER,
     approval_turn,
+    claim_lease,
     events,
     snapshot,
     start,
@@ -135,7 +135,7 @@ def test_decide_queued_hands_the_run_to_a_worker():
     assert (run.claimed_by, run.lease_expires, run.lease_epoch) == ("", None, 1)
     assert run.loop_state["decision"] == ApprovalDecision(approved=True).to_json()
     assert events(run.pk)[-1] == (1, EventKind.APPROVAL, "", 1)
-    claimed = run_claim_queued(run_id=run.pk, identity=WORKER)
+    claimed = claim_lease(run_id=run.pk, identity=WORKER)
     assert claimed is not None and claimed.epoch == 2
 
 
