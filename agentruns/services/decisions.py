@@ -21,6 +21,7 @@ from agentruns.authority import (
     Decider,
     approval_authority,
     deciding_authority,
+    self_approval,
 )
 from agentruns.exceptions import (
     ApprovalExpired,
@@ -94,16 +95,20 @@ def _not_expired(run: AgentRun) -> None:
         raise ApprovalExpired()
 
 
-def _runnable_with_tools(run: AgentRun) -> None:
-    _not_expired(run)
-    _require_runnable(run, tools=True)
-
-
 def runnable_without_tools(run: AgentRun) -> None:
     """A reconciliation verdict's check (under the row lock): refuse when the configuration was
     deactivated while the run waited (``UnreadableState``). Also used by a tool's automatic
     check (``agentruns.services.reconciliation``)."""
     _require_runnable(run, tools=False)
+
+
+def _four_eyes(actor: User, run: AgentRun) -> None:
+    """Refuse (``SelfApprovalRefused``) an approval by the run's initiator when its
+    configuration requires a second approver (read with the locked row)."""
+    if self_approval(
+        actor_id=actor.pk, initiator_id=run.initiator_id, configuration=run.configuration
+    ):
+        raise SelfApprovalRefused()
 
 
 def _require_authority(actor: User, run: AgentRun, configuration: AgentConfiguration) -> Authority:
@@ -178,51 +183,38 @@ def run_decide(
     if not isinstance(approved, bool):
         raise InvalidRequest("approved must be true or false", field="approved")
 
-    def four_eyes(run: AgentRun) -> None:
-        if (
-            approved
-            and run.initiator_id is not None
-            and run.initiator_id == actor.pk
-            and run.configuration.require_second_approver  # read with the locked row
-        ):
-            raise SelfApprovalRefused()
-
-    checked: list[Authority] = []
-
-    def authority_then_four_eyes(run: AgentRun) -> None:
+    with transitions.locked_waiting_run(
+        run_uuid, expected_status=Status.WAITING_FOR_APPROVAL, turn_digest=turn_digest
+    ) as run:
         _not_expired(run)
         configuration = _require_runnable(run, tools=approved)
-        checked.append(
-            _require_authority(actor, run, configuration) if approved else deciding_authority(actor)
+        if approved:
+            authority = _require_authority(actor, run, configuration)
+            _four_eyes(actor, run)
+        else:
+            authority = deciding_authority(actor)
+        decided = transitions.record_decision(
+            run,
+            expected_status=Status.WAITING_FOR_APPROVAL,
+            turn_digest=turn_digest,
+            decision=ApprovalDecision(
+                approved=approved, decider_id=actor.pk, turn_digest=turn_digest or ""
+            ),
+            # Built under the row lock, from the turn the digest was checked against.
+            event=EventSpec(
+                EventKind.APPROVAL,
+                {
+                    "approved": approved,
+                    "turn_digest": turn_digest,
+                    "mode": mode,
+                    "decider": actor.get_username(),
+                    "calls": [{"id": c.id, "name": c.name} for c in read_pending_turn(run).calls],
+                    "authority": authority.as_payload(),
+                },
+                actor_id=actor.pk,
+            ),
+            identity=identity,
         )
-        four_eyes(run)
-
-    def approval_event(run: AgentRun) -> EventSpec:
-        # Built under the row lock, from the turn the digest was checked against.
-        return EventSpec(
-            EventKind.APPROVAL,
-            {
-                "approved": approved,
-                "turn_digest": turn_digest,
-                "mode": mode,
-                "decider": actor.get_username(),
-                "calls": [{"id": c.id, "name": c.name} for c in read_pending_turn(run).calls],
-                "authority": checked[-1].as_payload(),
-            },
-            actor_id=actor.pk,
-        )
-
-    decided = transitions.run_decide(
-        run_uuid=run_uuid,
-        expected_status=Status.WAITING_FOR_APPROVAL,
-        turn_digest=turn_digest,
-        decision=ApprovalDecision(
-            approved=approved, decider_id=actor.pk, turn_digest=turn_digest or ""
-        ),
-        event=approval_event,
-        identity=identity,
-        check=authority_then_four_eyes,  # called before ``approval_event``
-    )
     return hand_on(decided, observer, on_claim)
 
 
@@ -303,28 +295,32 @@ def run_submit_input(
         raise InvalidInput(errors=errors)
     call = pending.call
     assert call is not None  # an input turn has its call
-    decided = transitions.run_decide(
-        run_uuid=run_uuid,
-        expected_status=Status.WAITING_FOR_INPUT,
-        turn_digest=turn_digest,
-        decision=InputDecision(
-            call_id=call.id, values=values, decider_id=actor.pk, turn_digest=turn_digest
-        ),
-        event=EventSpec(
-            EventKind.INPUT,
-            {
-                "call_id": call.id,
-                "name": call.name,
-                "values": values,
-                "turn_digest": turn_digest,
-                "mode": mode,
-                "decider": actor.get_username(),
-            },
-            actor_id=actor.pk,
-        ),
-        identity=identity,
-        check=_runnable_with_tools,
-    )
+    with transitions.locked_waiting_run(
+        run_uuid, expected_status=Status.WAITING_FOR_INPUT, turn_digest=turn_digest
+    ) as run:
+        _not_expired(run)
+        _require_runnable(run, tools=True)
+        decided = transitions.record_decision(
+            run,
+            expected_status=Status.WAITING_FOR_INPUT,
+            turn_digest=turn_digest,
+            decision=InputDecision(
+                call_id=call.id, values=values, decider_id=actor.pk, turn_digest=turn_digest
+            ),
+            event=EventSpec(
+                EventKind.INPUT,
+                {
+                    "call_id": call.id,
+                    "name": call.name,
+                    "values": values,
+                    "turn_digest": turn_digest,
+                    "mode": mode,
+                    "decider": actor.get_username(),
+                },
+                actor_id=actor.pk,
+            ),
+            identity=identity,
+        )
     return hand_on(decided, observer, on_claim)
 
 
@@ -368,21 +364,21 @@ def run_reconcile(
             actor_id=actor.pk,
         )
 
-    if verdict == "abandon":
-        run = transitions.run_reconcile_abandon(
-            run_uuid=run_uuid, turn_digest=turn_digest, event=event(deciding_authority(actor))
+    with transitions.locked_waiting_run(
+        run_uuid, expected_status=Status.WAITING_FOR_RECONCILIATION, turn_digest=turn_digest
+    ) as run:
+        if verdict == "abandon":
+            abandoned = transitions.record_abandon(
+                run, turn_digest=turn_digest, event=event(deciding_authority(actor))
+            )
+            return SegmentResult(Outcome.FAILED, abandoned)
+        authority = _require_authority(actor, run, _require_runnable(run, tools=False))
+        decided = transitions.record_decision(
+            run,
+            expected_status=Status.WAITING_FOR_RECONCILIATION,
+            turn_digest=turn_digest,
+            decision=ReconciliationDecision(verdict=verdict, call=call, decider_id=actor.pk),
+            event=event(authority),
+            identity=identity,
         )
-        return SegmentResult(Outcome.FAILED, run)
-    checked: list[Authority] = []
-    decided = transitions.run_decide(
-        run_uuid=run_uuid,
-        expected_status=Status.WAITING_FOR_RECONCILIATION,
-        turn_digest=turn_digest,
-        decision=ReconciliationDecision(verdict=verdict, call=call, decider_id=actor.pk),
-        event=lambda run: event(checked[-1]),
-        identity=identity,
-        check=lambda run: checked.append(  # before ``event``
-            _require_authority(actor, run, _require_runnable(run, tools=False))
-        ),
-    )
     return hand_on(decided, observer, on_claim)
