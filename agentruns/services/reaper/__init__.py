@@ -21,7 +21,7 @@ in doubt whose tool declares a check gets the check task once the batch commits 
 queued runs nobody claimed for ``REDISPATCH_SECONDS`` get a fresh wake-up, and in-doubt runs
 whose tool's check stalled (its task lost, or its worker died) get the check task again
 (``reconciliation.redispatch_due``). Runs waiting for approval or input past their approval deadline
-are settled too (rule ``deadline``: denied or failed, ``services.deadlines``, §5.11), and the
+are settled too (rule ``deadline``: denied or failed, ``services.deadline_sweep``, §5.11), and the
 budget holds past their expiry lapse (``budgets.lapse_holds``, §14).
 
 Owns no state of its own and never executes a run: it only settles or hands runs back.
