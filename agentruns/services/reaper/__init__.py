@@ -29,7 +29,7 @@ Owns no state of its own and never executes a run: it only settles or hands runs
 This module is the pass (``reap_stale_runs``: batches, then deadlines, then redispatch); its
 parts are ``rules`` (the rules and ``rule_for``), ``batches`` (carrying a batch's verdicts out),
 ``wakeups`` (wake-ups and the redispatch of unclaimed runs) and ``report`` (the verdicts and the
-report). Every name the single-file module had is importable from here.
+report). The names in ``__all__`` are its public surface.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from agentruns.metrics import record_reaper_pass
 from agentruns.models import AgentRun, AgentRunEvent
 from agentruns.services import deadline_sweep, reconciliation
 from agentruns.services.reaper.batches import _apply_batch
-from agentruns.services.reaper.batches import _event as _event  # re-exported (tests)
 from agentruns.services.reaper.report import (
     ReaperReport,
     RunVerdict,
@@ -68,7 +67,6 @@ from agentruns.services.reaper.wakeups import (
     _settle_unsent,
     redispatch_unclaimed,
 )
-from agentruns.turns import PendingTurn as PendingTurn  # re-exported (tests)
 
 logger = logging.getLogger(__name__)
 
