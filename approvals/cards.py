@@ -10,7 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from agentruns.authority import Authority, Decider, approval_authority, cancel_authority
+from agentruns.authority import (
+    Authority,
+    Decider,
+    approval_authority,
+    cancel_authority,
+    escalation_of,
+)
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.models import DEADLINE_STATUSES, AgentRun, Status
 from agentruns.tools.shown import shown_turn
@@ -51,6 +57,12 @@ class Card:
         return self.run.approval_deadline
 
     @property
+    def escalated(self) -> bool:
+        """Whether the wait's first deadline handed it to the escalation group
+        (``run.escalated_to``, ``run.escalated_at``), which may decide it now."""
+        return self.run.status in DEADLINE_STATUSES and self.run.escalated_at is not None
+
+    @property
     def template(self) -> str:
         return f"approvals/cards/{self.pending.kind}.html"
 
@@ -71,7 +83,10 @@ def card_for(run: AgentRun, *, reader: Decider) -> Card | None:
         card.spec, card.form = input_form_for(card.pending, prefix=card.form_id)
     elif card.kind in (APPROVAL, RECONCILIATION):
         card.authority = approval_authority(
-            user=reader, configuration=run.configuration, pending=card.pending
+            user=reader,
+            configuration=run.configuration,
+            pending=card.pending,
+            escalated_to=escalation_of(run),
         )
     return card
 

@@ -21,6 +21,7 @@ urlpatterns = [
     path("runs/", _staff(views.recent), name="recent"),
     path("runs/<uuid:run_uuid>/", _staff(views.run_detail), name="run"),
     path("runs/<uuid:run_uuid>/audit.jsonl", _staff(views.run_audit), name="run-audit"),
+    path("runs/<uuid:run_uuid>/review/<str:token>/", _staff(views.review), name="review"),
     path("runs/<uuid:run_uuid>/decision/", _staff(views.decide), name="decide"),
     path("runs/<uuid:run_uuid>/input/", _staff(views.submit_input), name="input"),
     path("runs/<uuid:run_uuid>/reconciliation/", _staff(views.reconcile), name="reconcile"),

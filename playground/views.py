@@ -26,6 +26,7 @@ from agentruns.authority import (
     Authority,
     approval_authority,
     cancel_authority,
+    escalation_of,
     start_authority,
 )
 from agentruns.exceptions import InvalidInput, InvalidRequest, LeaseholdError, RunNotFound
@@ -102,7 +103,10 @@ def _pending_context(
         ]
         context["preview_is_snapshot"] = run.configuration.preview_is_snapshot
         context["authority"] = approval_authority(
-            user=reader, configuration=run.configuration, pending=turn
+            user=reader,
+            configuration=run.configuration,
+            pending=turn,
+            escalated_to=escalation_of(run),
         )
     elif turn.kind == INPUT and turn.call is not None:
         context["input_call"] = {

@@ -23,6 +23,7 @@ from agentruns.authority import (
     User,
     call_authority,
     deciding_authority,
+    escalation_of,
     self_approval,
 )
 from agentruns.exceptions import (
@@ -176,15 +177,18 @@ def require_valid_edits(
 
 def require_call_authority(
     actor: User,
+    run: AgentRun,
     configuration: AgentConfiguration,
     verdicts: Sequence[CallVerdict],
     calls: Sequence[Call],
 ) -> Authority:
     """Refuse (``NotPermitted``, naming the calls and what is missing) unless ``actor`` — read
     afresh, once — holds the approve authority of every call approved, answered or edited
-    (``authority.call_authority``); a denial needs deciding only. Returns what was checked (the
+    (``authority.call_authority``; the group the locked ``run``'s wait was escalated to counts
+    as its approver group); a denial needs deciding only. Returns what was checked (the
     permissions of those calls, the approver group) for the decision's event."""
     decider = Decider.afresh(actor)
+    escalated_to = escalation_of(run)
     by_id = {call.id: call for call in calls}
     permissions: list[str] = []
     group: str | None = None
@@ -192,7 +196,12 @@ def require_call_authority(
     missing: list[str] = []
     for verdict in verdicts:
         authority = (
-            call_authority(user=decider, configuration=configuration, call=by_id[verdict.call_id])
+            call_authority(
+                user=decider,
+                configuration=configuration,
+                call=by_id[verdict.call_id],
+                escalated_to=escalated_to,
+            )
             if verdict.needs_approve_authority
             else deciding_authority(decider)
         )

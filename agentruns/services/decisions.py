@@ -21,6 +21,7 @@ from agentruns.authority import (
     Decider,
     approval_authority,
     deciding_authority,
+    escalation_of,
     self_approval,
 )
 from agentruns.exceptions import (
@@ -141,7 +142,10 @@ def _require_authority(actor: User, run: AgentRun, configuration: AgentConfigura
     not the permissions cached on ``actor`` when the decision started).
     """
     authority = approval_authority(
-        user=Decider.afresh(actor), configuration=configuration, pending=read_pending_turn(run)
+        user=Decider.afresh(actor),
+        configuration=configuration,
+        pending=read_pending_turn(run),
+        escalated_to=escalation_of(run),
     )
     if not authority.allowed:
         raise NotPermitted(authority.refusal)
@@ -283,7 +287,7 @@ def _decide_per_call(
         runs_tools = any(v.verdict in (APPROVE, EDIT) for v in verdicts)
         configuration = _require_runnable(run, tools=runs_tools)
         require_valid_edits(run, verdicts, calls)
-        authority = require_call_authority(actor, configuration, verdicts, calls)
+        authority = require_call_authority(actor, run, configuration, verdicts, calls)
         require_second_approver(actor, run, verdicts, calls)
         approved = any(v.verdict == APPROVE for v in verdicts)
         edited = any(v.verdict == EDIT for v in verdicts)
