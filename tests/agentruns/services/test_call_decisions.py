@@ -545,3 +545,36 @@ def test_the_api_takes_a_verdict_per_call_and_refuses_with_typed_errors(client, 
     page = client.get(reverse("approvals:run", args=[run.uuid])).content.decode()
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
     assert '<script>alert("x")' not in page
+
+
+def test_a_member_of_the_group_the_wait_was_escalated_to_may_approve_per_call(probes):
+    from django.contrib.auth.models import Group
+    from django.utils import timezone
+
+    from agentruns.authority import escalation_of
+
+    approvers, escalation = (
+        Group.objects.create(name="approvers"),
+        Group.objects.create(name="leads"),
+    )
+    run = two_writes(approver_group=approvers)
+    outsider, lead = decider(), decider()
+    lead.groups.add(escalation)
+    with pytest.raises(NotPermitted):
+        decide(run, verdict("call_0_0", "approve"), verdict("call_0_1", "deny"), actor=outsider)
+    AgentRun.objects.filter(pk=run.pk).update(escalated_to=escalation, escalated_at=timezone.now())
+    run.refresh_from_db()
+    choices = call_choices(
+        user=lead,
+        configuration=run.configuration,
+        pending=shown_turn(run, read_pending_turn(run)),
+        initiator_id=run.initiator_id,
+        escalated_to=escalation_of(run),
+    )
+    assert choices[0].allows("approve")
+
+    result = decide(run, verdict("call_0_0", "approve"), verdict("call_0_1", "deny"), actor=lead)
+
+    assert result.outcome == Outcome.COMPLETED
+    assert [seen["tool"] for seen in probes.seen] == ["probe_write"]
+    assert approval_payload(run)["authority"]["group"] == "leads"
