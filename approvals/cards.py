@@ -32,6 +32,8 @@ class Card:
     form: InputValuesForm | None = None
     # The posted digest differed from the turn shown now (input re-rendered after a change).
     changed: bool = False
+    # Shown open in the inbox's one-line view (an input form coming back with its errors).
+    opened: bool = False
     # Approval and reconciliation cards: whether the reader may approve / say it landed, and
     # what they lack if not (they may still deny / abandon).
     authority: Authority | None = None
