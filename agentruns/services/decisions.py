@@ -8,6 +8,7 @@ typed refusal before anything changed (docs/design.md §5, §9, §11.1).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
@@ -46,11 +47,13 @@ from agentruns.services._common import ClaimHook, User
 from agentruns.services.runtime.results import EventObserver, Outcome, SegmentResult
 from agentruns.services.runtime.segment import continue_segment
 from agentruns.tools import registry
+from agentruns.tools.gate import ToolGate
 from agentruns.tools.schemas import InvalidSchema, SchemaError, input_errors
 from agentruns.tools.shown import shown_turn
 from agentruns.transitions.deadlines import past_deadline
 from agentruns.turns import (
     ApprovalDecision,
+    CallVerdict,
     InputDecision,
     PendingTurn,
     ReconciliationDecision,
@@ -150,8 +153,10 @@ def run_decide(
     *,
     run_uuid: UUID | str,
     actor: User,
-    approved: bool,
     turn_digest: str | None,
+    approved: bool | None = None,
+    verdicts: Sequence[CallVerdict] | None = None,
+    reason: str = "",
     mode: str = "queued",
     observer: EventObserver | None = None,
     on_claim: ClaimHook | None = None,
@@ -168,6 +173,8 @@ def run_decide(
     """
     _require_decider(actor)
     identity = _mode_identity(mode)
+    if verdicts is not None or reason:
+        raise InvalidRequest("per-call verdicts are not available yet", field="verdicts")
     if not isinstance(approved, bool):
         raise InvalidRequest("approved must be true or false", field="approved")
 
@@ -217,6 +224,16 @@ def run_decide(
         check=authority_then_four_eyes,  # called before ``approval_event``
     )
     return hand_on(decided, observer, on_claim)
+
+
+def edit_schema(*, run: AgentRun, call_id: str) -> dict[str, Any] | None:
+    """The JSON schema an edit of the call ``call_id`` of ``run``'s pending turn must meet (its
+    tool's ``parameters``, as the run's gate resolves the tool now); ``None`` when the run has
+    no such call or its tool is not available to the run (offer no edit)."""
+    pending = read_pending_turn(run)
+    call = next((c for c in pending.calls if c.id == call_id), None)
+    tool = ToolGate.of(run).available(call.name) if call is not None else None
+    return dict(tool.parameters) if tool is not None else None
 
 
 def _pending(run_uuid: UUID | str, *, waiting_in: str) -> PendingTurn | None:

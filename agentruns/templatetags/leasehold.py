@@ -17,7 +17,7 @@ from django.utils.dateformat import format as date_format
 from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
-from agentruns import display
+from agentruns import decided_calls, display
 
 register = template.Library()
 
@@ -30,6 +30,8 @@ register.filter("writes_first", display.writes_first)
 register.filter("round_number", display.round_number)
 register.filter("money", display.money)
 register.filter("budget_text", display.budget_text)
+register.filter("decided_call", decided_calls.decided_call)
+register.filter("approval_verdicts", decided_calls.approval_verdicts)
 
 _TABLES = {
     "lease_action": display.LEASE_ACTIONS,
