@@ -7,21 +7,31 @@ remote tool's origin reads its server row."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
-from agentruns.authority import Authority, Decider, approval_authority, cancel_authority
+from agentruns.authority import (
+    Authority,
+    Decider,
+    approval_authority,
+    call_choices,
+    cancel_authority,
+)
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.models import DEADLINE_STATUSES, AgentRun, Status
+from agentruns.services.decisions import edit_schema
 from agentruns.tools.shown import shown_turn
 from agentruns.turns import (
     APPROVAL,
+    APPROVE,
     INPUT,
     RECONCILIATION,
     PendingTurn,
     read_pending_turn,
     waits_for_a_human,
 )
+from agentruns.verdict_forms import CallForm, call_forms
 
 
 @dataclass
@@ -39,6 +49,22 @@ class Card:
     authority: Authority | None = None
     # Whether the reader may cancel the run (*Cancel run*), and what they lack if not.
     cancel: Authority | None = None
+    # Approval cards: each call's verdict form (what the reader may give it), model order.
+    call_forms: list[CallForm] = field(default_factory=list)
+
+    @property
+    def approve_all(self) -> bool:
+        """Whether *Approve all* is offered: the reader may approve every call."""
+        return bool(self.call_forms) and all(f.choices.allows(APPROVE) for f in self.call_forms)
+
+    @property
+    def may_decide(self) -> bool:
+        return any(f.choices.verdicts for f in self.call_forms)
+
+    @property
+    def has_problems(self) -> bool:
+        """Whether posted verdicts came back with a problem (the card then says which)."""
+        return any(f.has_problems for f in self.call_forms)
 
     @property
     def kind(self) -> str:
@@ -61,10 +87,11 @@ class Card:
         return f"run{self.run.pk}"
 
 
-def card_for(run: AgentRun, *, reader: Decider) -> Card | None:
+def card_for(run: AgentRun, *, reader: Decider, data: Any | None = None) -> Card | None:
     """The card for a waiting run as ``reader`` sees it (an unbound input form for input turns,
-    the reader's authority for approval and reconciliation turns); ``None`` when the run waits
-    for nobody. Everything the card shows about a call comes from ``card.pending``."""
+    the reader's authority for approval and reconciliation turns, and for approval turns each
+    call's verdict form, bound to ``data`` when given); ``None`` when the run waits for nobody.
+    Everything the card shows about a call comes from ``card.pending``."""
     if not waits_for_a_human(run):
         return None
     pending = shown_turn(run, read_pending_turn(run))
@@ -74,6 +101,20 @@ def card_for(run: AgentRun, *, reader: Decider) -> Card | None:
     elif card.kind in (APPROVAL, RECONCILIATION):
         card.authority = approval_authority(
             user=reader, configuration=run.configuration, pending=card.pending
+        )
+    if card.kind == APPROVAL:
+        choices = call_choices(
+            user=reader,
+            configuration=run.configuration,
+            pending=card.pending,
+            initiator_id=run.initiator_id,
+        )
+        card.call_forms = call_forms(
+            calls=card.pending.calls,
+            choices=choices,
+            schemas={c.id: edit_schema(run=run, call_id=c.id) for c in card.pending.calls},
+            prefix=card.form_id,
+            data=data,
         )
     return card
 

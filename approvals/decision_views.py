@@ -9,6 +9,7 @@ CSRF-protected, never cached.
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit
 from uuid import UUID
 
@@ -20,6 +21,7 @@ from django.views.decorators.http import require_POST
 from agentruns import selectors
 from agentruns.authority import Decider
 from agentruns.exceptions import (
+    InvalidArguments,
     InvalidInput,
     InvalidRequest,
     LeaseholdError,
@@ -30,7 +32,8 @@ from agentruns.input_forms import input_form_for
 from agentruns.models import AgentRun
 from agentruns.services import runs
 from agentruns.services.batch_decisions import ALREADY_DECIDED, runs_decide_batch
-from agentruns.turns import INPUT, UNREADABLE
+from agentruns.turns import APPROVAL, DENY, INPUT, UNREADABLE, CallVerdict
+from agentruns.verdict_forms import add_argument_errors, posted_verdicts
 from approvals import feedback
 from approvals.cards import Card, card_for
 from approvals.forms import BatchDecisionForm, DecisionForm, InputMetaForm, ReconciliationForm
@@ -56,24 +59,72 @@ def _refused(request: HttpRequest, exc: LeaseholdError, run_uuid: UUID) -> HttpR
     return refused(request, exc, run=_named(request, run_uuid))
 
 
+def _decision(form: DecisionForm, card: Card) -> dict[str, Any] | None:
+    """What the posted card asks ``run_decide`` for: ``approved`` (*Approve all*; *Deny all*
+    without reasons), or ``verdicts`` (the per-call verdicts; *Deny all* with a reason typed on
+    a call: every call denied, each with its reason). ``None``: a form has a problem (each said
+    on its call)."""
+    if form.approved:
+        return {"approved": True}
+    if form.per_call:
+        verdicts = posted_verdicts(card.call_forms)
+        return None if verdicts is None else {"verdicts": verdicts}
+    reasons = [(f.call.id, f.reason()) for f in card.call_forms]
+    if any(reason is None for _, reason in reasons):
+        return None
+    if not any(reason for _, reason in reasons):
+        return {"approved": False}
+    return {
+        "verdicts": [
+            CallVerdict(call_id=call_id, verdict=DENY, reason=reason or "")
+            for call_id, reason in reasons
+        ]
+    }
+
+
 @require_POST
 def decide(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
-    """Approve or deny a pending turn, bound to the digest of the turn shown."""
+    """Decide a pending turn, bound to the digest of the turn shown: *Approve all*, *Deny all*,
+    or a verdict per call (approve, deny, answer, edit; a reason the model reads). Verdicts the
+    forms refuse — or an edit the tool's schema refuses — come back in place (422), the card
+    open with an error summary; every other refusal is a message after a redirect."""
     form = DecisionForm(request.POST)
     if not form.is_valid():
         return _refused(request, InvalidRequest(), run_uuid)
     try:
+        run = selectors.run_get(run_uuid=run_uuid, user=request.user)
+    except LeaseholdError as exc:
+        return refused(request, exc, run=run_uuid)
+    card = card_for(run, reader=Decider(request.user), data=request.POST)
+    if card is None or card.kind != APPROVAL:
+        # Not (or no longer) an approval: the service says why, changing nothing.
+        decision: dict[str, Any] = {"approved": form.approved}
+    else:
+        card.opened = True
+        posted = _decision(form, card)
+        if posted is None:
+            return _back_in_place(request, run, card)
+        decision = posted
+    try:
         result = runs.run_decide(
             run_uuid=run_uuid,
             actor=request.user,
-            approved=form.approved,
             turn_digest=form.digest,
             mode=DECISION_MODE,
+            **decision,
         )
+    except InvalidArguments as exc:
+        if card is None or card.kind != APPROVAL:
+            return refused(request, exc, run=run)
+        add_argument_errors(
+            card.call_forms, call_id=str(exc.detail.get("call_id")), errors=exc.errors
+        )
+        return _back_in_place(request, run, card)
     except LeaseholdError as exc:
-        return _refused(request, exc, run_uuid)
-    sentence = feedback.approval_message(result, approved=form.approved)
-    messages.success(request, feedback.about_run(result.run, sentence))
+        return refused(request, exc, run=run)
+    messages.success(
+        request, feedback.about_run(result.run, feedback.decision_message(result, **decision))
+    )
     return HttpResponseRedirect(back_to(request))
 
 
@@ -131,9 +182,9 @@ def reconcile(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
 
 
 def _back_in_place(request: HttpRequest, run: AgentRun, card: Card) -> HttpResponse:
-    """The page the input was sent from, again, with ``card`` (its form bound, its errors shown
-    once, in its summary) open in it, status 422: the inbox with its query (filter, page, view),
-    or the run's page."""
+    """The page the input or verdicts were sent from, again, with ``card`` (its forms bound, each
+    error said once) open in it, status 422: the inbox with its query (filter, page, view), or
+    the run's page."""
     back = back_to(request)
     parts = urlsplit(back)
     try:

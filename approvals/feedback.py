@@ -8,6 +8,7 @@ or server-chosen part is escaped."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from uuid import UUID
 
@@ -19,6 +20,8 @@ from agentruns.attribution import Attribution
 from agentruns.exceptions import (
     AlreadyDecided,
     ApprovalExpired,
+    CallsMismatch,
+    InvalidArguments,
     InvalidInput,
     InvalidRequest,
     LeaseholdError,
@@ -29,6 +32,7 @@ from agentruns.exceptions import (
     StaleTurn,
     StateWriteFailed,
     UnreadableState,
+    ValueTooLong,
 )
 from agentruns.models import AgentRun, Status
 from agentruns.services.batch_decisions import (
@@ -38,6 +42,7 @@ from agentruns.services.batch_decisions import (
     BatchOutcome,
 )
 from agentruns.services.runtime.results import Outcome, SegmentResult
+from agentruns.turns import CallVerdict
 
 # Refusals: nothing changed in any of these cases.
 REFUSALS: dict[type[LeaseholdError], str] = {
@@ -53,6 +58,11 @@ REFUSALS: dict[type[LeaseholdError], str] = {
     InvalidInput: "The values do not match what the tool asked for — nothing was changed.",
     UnreadableState: "This run's stored state cannot be read — nothing was changed.",
     StateWriteFailed: "The database refused the change — nothing was changed. Try again.",
+    CallsMismatch: "The verdicts did not name each call of the turn once — nothing was changed. "
+    "Review the run and try again.",
+    ValueTooLong: "A reason or an answer was too long — nothing was changed.",
+    InvalidArguments: "The edited arguments do not match what the tool accepts — nothing was "
+    "changed.",
 }
 
 
@@ -130,6 +140,39 @@ def batch_outcome_message(
         return about_run(named, refusal_message(outcome.refusal))
     verb = "approved" if approved else "denied"
     return about_run(named, f"Not {verb}: {refusal_message(outcome.refusal)}")
+
+
+# A per-call decision's verdicts, as the message after it counts them.
+VERDICT_WORDS = {"approve": "approved", "deny": "denied", "answer": "answered", "edit": "edited"}
+
+
+def decision_message(
+    result: SegmentResult,
+    *,
+    approved: bool | None = None,
+    verdicts: Sequence[CallVerdict] | None = None,
+) -> str:
+    """After a decision: *Approve all* / *Deny all* as ``approval_message`` says them; per-call
+    verdicts counted ("1 approved, 1 denied with your reason"), and what an edit means."""
+    if verdicts is None:
+        return approval_message(result, approved=bool(approved))
+    counts: Counter[str] = Counter(v.verdict for v in verdicts)
+    said = ", ".join(
+        f"{counts[verdict]} {VERDICT_WORDS[verdict]}"
+        for verdict in VERDICT_WORDS
+        if counts[verdict]
+    )
+    reasons = (
+        " The model reads your reasons, marked as your words."
+        if any(v.reason for v in verdicts)
+        else ""
+    )
+    if counts["edit"]:
+        return (
+            f"Decided per call: {said}.{reasons} Nothing runs yet: the edited turn comes back as a "
+            "new card, with a fresh preview, for someone to approve."
+        )
+    return f"Decided per call: {said}.{reasons} {_continues(result)}"
 
 
 def cancel_message(*, cancelled: bool, status: str) -> str:

@@ -32,11 +32,20 @@ class _Bound(forms.Form):
 
 
 class DecisionForm(_Bound):
-    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("deny", "Deny")])
+    """*Approve all*, *Deny all*, or the per-call verdicts posted beside it
+    (``agentruns.verdict_forms``)."""
+
+    decision = forms.ChoiceField(
+        choices=[("approve", "Approve all"), ("deny", "Deny all"), ("calls", "Per call")]
+    )
 
     @property
     def approved(self) -> bool:
         return self.cleaned_data["decision"] == "approve"
+
+    @property
+    def per_call(self) -> bool:
+        return self.cleaned_data["decision"] == "calls"
 
 
 class SelectionField(forms.Field):

@@ -1,0 +1,257 @@
+"""The per-call verdict forms of an approval card, for everyone who shows one (the approvals
+inbox, the playground): for each call, a verdict (approve, deny, answer, edit — what the reader
+may give it, ``agentruns.authority.call_choices``), a reason, an answer, and an edit of its
+arguments built from the tool's input schema as the input cards are (``agentruns.input_forms``),
+the model's values filled in — or its arguments as raw JSON where that form cannot show the
+schema (a field of another type, a key the schema does not declare).
+
+``call_forms(...)`` builds them (bound to a POST when given); ``posted_verdicts(forms)`` turns a
+valid POST into the ``CallVerdict`` values the decision service takes, or ``None`` with each
+problem on its form; ``add_argument_errors`` puts the service's schema refusal
+(``InvalidArguments``) on the edit it concerns. Forms parse; they decide nothing about a run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django import forms
+
+from agentruns.authority import CallChoices
+from agentruns.input_forms import InputSpec, InputValuesForm, input_spec
+from agentruns.jsonview import pretty_arguments
+from agentruns.tools.schemas import SchemaError
+from agentruns.turns import (
+    ANSWER,
+    APPROVE,
+    DENY,
+    EDIT,
+    MAX_ANSWER_CHARS,
+    MAX_REASON_CHARS,
+    Call,
+    CallVerdict,
+)
+
+# How each verdict reads on a card.
+VERDICT_LABELS: dict[str, str] = {
+    APPROVE: "Approve: run it",
+    DENY: "Deny: do not run it",
+    ANSWER: "Answer it yourself: the tool does not run",
+    EDIT: "Edit the arguments: a new card follows, to approve",
+}
+RAW_EDIT_NOTE = "The arguments are shown as JSON: the form cannot show {why}."
+NO_VERDICT = "Choose what happens to this call."
+
+
+class CallVerdictForm(forms.Form):
+    """One call's verdict, reason and answer (its edit is a form of its own, ``CallForm.edit``,
+    or the raw JSON field ``arguments_json``)."""
+
+    verdict = forms.ChoiceField(
+        widget=forms.RadioSelect, required=False, error_messages={"invalid_choice": NO_VERDICT}
+    )
+    reason = forms.CharField(
+        required=False,
+        strip=False,
+        max_length=MAX_REASON_CHARS,
+        label="Reason (optional; the model reads it, marked as your words)",
+        widget=forms.Textarea(attrs={"rows": 2}),
+    )
+    answer = forms.CharField(
+        required=False,
+        strip=False,
+        max_length=MAX_ANSWER_CHARS,
+        label="The result the model receives instead",
+        widget=forms.Textarea(attrs={"rows": 3}),
+    )
+    answer_is_json = forms.BooleanField(
+        required=False, label="Read the answer as JSON (otherwise it is sent as text)"
+    )
+    arguments_json = forms.CharField(
+        required=False, label="Arguments (JSON object)", widget=forms.Textarea(attrs={"rows": 6})
+    )
+
+    def __init__(self, *args: Any, verdicts: Sequence[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["verdict"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [(v, VERDICT_LABELS[v]) for v in verdicts]
+
+
+def _raw_reason(arguments: Any, spec: InputSpec) -> str:
+    """Why the schema form cannot edit ``arguments`` (""): it can."""
+    if not isinstance(arguments, dict):
+        return "arguments that are not a JSON object"
+    if spec.blocking:
+        return "this tool's input schema"
+    if spec.omitted:
+        return "every field of this tool's input schema"
+    undeclared = [key for key in arguments if key not in spec.keys.values()]
+    if undeclared:
+        return f"the key “{undeclared[0]}”, which the tool's input schema does not declare"
+    return ""
+
+
+@dataclass
+class CallForm:
+    """Everything a card shows to decide one call: the call (as shown), its position in the
+    model's order, what the reader may give it, its verdict form and its edit."""
+
+    call: Call
+    index: int
+    choices: CallChoices
+    form: CallVerdictForm
+    # The edit as a form of the tool's schema, the model's values filled in; ``None``: raw JSON
+    # (``form["arguments_json"]``) or no edit offered.
+    edit: InputValuesForm | None = None
+    edit_note: str = ""
+
+    @property
+    def effect(self) -> str:
+        return self.call.effect
+
+    @property
+    def offers_answer(self) -> bool:
+        return self.choices.allows(ANSWER)
+
+    @property
+    def offers_edit(self) -> bool:
+        return self.choices.allows(EDIT)
+
+    @property
+    def chosen(self) -> str:
+        """The verdict posted (or ""), for opening the part of the card it concerns."""
+        value = self.form["verdict"].value()
+        return value if isinstance(value, str) else ""
+
+    @property
+    def has_problems(self) -> bool:
+        """Whether the posted form has a problem to show (an unchosen edit is not checked)."""
+        if not self.form.is_bound:
+            return False
+        edit = self.edit is not None and self.chosen == EDIT and self.edit.has_problems
+        return bool(self.form.errors) or edit
+
+    def reason(self) -> str | None:
+        """The posted reason ("" for none), or ``None`` when the form has a problem."""
+        return self.form.cleaned_data["reason"] if self.form.is_valid() else None
+
+    def verdict(self) -> CallVerdict | None:
+        """The posted verdict, or ``None`` with each problem recorded on the forms."""
+        if not self.form.is_valid():
+            return None
+        data = self.form.cleaned_data
+        chosen = data["verdict"]
+        if not chosen:
+            self.form.add_error("verdict", NO_VERDICT)
+            return None
+        reason = data["reason"]
+        if chosen == ANSWER:
+            return self._answer(reason)
+        if chosen == EDIT:
+            return self._edit(reason)
+        return CallVerdict(call_id=self.call.id, verdict=chosen, reason=reason)
+
+    def _answer(self, reason: str) -> CallVerdict | None:
+        text = self.form.cleaned_data["answer"]
+        if text == "":
+            self.form.add_error("answer", "Give the result the model should receive.")
+            return None
+        answer: Any = text
+        if self.form.cleaned_data["answer_is_json"]:
+            try:
+                answer = json.loads(text)
+            except json.JSONDecodeError as exc:
+                self.form.add_error("answer", f"This is not JSON ({exc.msg}, line {exc.lineno}).")
+                return None
+        return CallVerdict(call_id=self.call.id, verdict=ANSWER, reason=reason, answer=answer)
+
+    def _edit(self, reason: str) -> CallVerdict | None:
+        if self.edit is not None:
+            if not self.edit.is_valid():
+                return None
+            arguments: Any = self.edit.values()
+        else:
+            try:
+                arguments = json.loads(self.form.cleaned_data["arguments_json"] or "")
+            except json.JSONDecodeError as exc:
+                self.form.add_error(
+                    "arguments_json", f"This is not JSON ({exc.msg}, line {exc.lineno})."
+                )
+                return None
+            if not isinstance(arguments, dict):
+                self.form.add_error("arguments_json", "The arguments must be a JSON object.")
+                return None
+        return CallVerdict(call_id=self.call.id, verdict=EDIT, reason=reason, arguments=arguments)
+
+
+def _edit_form(
+    call: Call, schema: Mapping[str, Any] | None, data: Any | None, prefix: str
+) -> tuple[InputValuesForm | None, str]:
+    """The edit of ``call`` as a form of ``schema``, or ``None`` and why it is raw JSON."""
+    if schema is None:
+        return None, ""
+    order = list(call.arguments) if isinstance(call.arguments, dict) else None
+    spec = input_spec(dict(schema), order=order)
+    why = _raw_reason(call.arguments, spec)
+    if why:
+        return None, RAW_EDIT_NOTE.format(why=why)
+    initial = {name: call.arguments.get(key) for name, key in spec.keys.items()}
+    return InputValuesForm(data, spec=spec, prefix=f"{prefix}-e", initial=initial), ""
+
+
+def call_forms(
+    *,
+    calls: Sequence[Call],
+    choices: Sequence[CallChoices],
+    schemas: Mapping[str, Mapping[str, Any] | None],
+    prefix: str,
+    data: Any | None = None,
+) -> list[CallForm]:
+    """The verdict forms of an approval card's ``calls`` (as shown, in the model's order), with
+    the ``choices`` ``call_choices`` gives the reader and each call's edit ``schemas`` (by call
+    id; ``None``: its tool is not available to the run, so no edit is offered). Bound to
+    ``data`` (a POST) when given; field names start ``<prefix>-c<n>``."""
+    offered = {choice.call_id: choice for choice in choices}
+    built = []
+    for index, call in enumerate(calls, start=1):
+        choice = offered.get(call.id, CallChoices(call.id, ()))
+        schema = schemas.get(call.id)
+        if schema is None and choice.allows(EDIT):
+            choice = CallChoices(
+                call.id,
+                tuple(v for v in choice.verdicts if v != EDIT),
+                choice.missing,
+                choice.self_approval,
+            )
+        name = f"{prefix}-c{index}"
+        edit, note = _edit_form(call, schema, data, name) if choice.allows(EDIT) else (None, "")
+        initial = {"arguments_json": pretty_arguments(call.arguments)}
+        form = CallVerdictForm(data, verdicts=choice.verdicts, prefix=name, initial=initial)
+        built.append(CallForm(call, index, choice, form, edit, note))
+    return built
+
+
+def posted_verdicts(forms: Sequence[CallForm]) -> list[CallVerdict] | None:
+    """One verdict per call, in the model's order; ``None`` when any form has a problem (each
+    said on its form)."""
+    verdicts = [form.verdict() for form in forms]
+    return None if any(v is None for v in verdicts) else [v for v in verdicts if v is not None]
+
+
+def add_argument_errors(
+    forms: Sequence[CallForm], *, call_id: str, errors: Sequence[SchemaError]
+) -> None:
+    """The service refused the edit of ``call_id`` against its tool's schema: show each error
+    on that call's edit (its field, or the JSON field)."""
+    for form in forms:
+        if form.call.id != call_id:
+            continue
+        if form.edit is not None:
+            form.edit.add_schema_errors(errors)
+        else:
+            for error in errors or [SchemaError((), "The arguments do not match the schema.")]:
+                form.form.add_error("arguments_json", str(error))
