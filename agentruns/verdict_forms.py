@@ -5,8 +5,9 @@ arguments built from the tool's input schema as the input cards are (``agentruns
 the model's values filled in — or its arguments as raw JSON where that form cannot show the
 schema (a field of another type, a key the schema does not declare).
 
-``call_forms(...)`` builds them (bound to a POST when given); ``posted_verdicts(forms)`` turns a
-valid POST into the ``CallVerdict`` values the decision service takes, or ``None`` with each
+``turn_call_forms(...)`` builds them for a run's approval turn as a reader sees it (bound to a
+POST when given); ``decision_arguments(...)`` turns what a card posted — *Approve all*, *Deny
+all*, or the verdicts per call — into the arguments of ``run_decide``, or ``None`` with each
 problem on its form; ``add_argument_errors`` puts the service's schema refusal
 (``InvalidArguments``) on the edit it concerns. Forms parse; they decide nothing about a run.
 """
@@ -20,9 +21,11 @@ from typing import Any
 
 from django import forms
 
-from agentruns.authority import CallChoices
+from agentruns.authority import CallChoices, Decider, call_choices
 from agentruns.input_forms import InputSpec, InputValuesForm, input_spec
 from agentruns.jsonview import pretty_arguments
+from agentruns.models import AgentRun
+from agentruns.services.decisions import edit_schema
 from agentruns.tools.schemas import SchemaError
 from agentruns.turns import (
     ANSWER,
@@ -33,7 +36,14 @@ from agentruns.turns import (
     MAX_REASON_CHARS,
     Call,
     CallVerdict,
+    PendingTurn,
 )
+
+# What a card's buttons post as ``decision``.
+APPROVE_ALL = "approve"
+DENY_ALL = "deny"
+PER_CALL = "calls"
+DECISIONS = (APPROVE_ALL, DENY_ALL, PER_CALL)
 
 # How each verdict reads on a card.
 VERDICT_LABELS: dict[str, str] = {
@@ -42,6 +52,7 @@ VERDICT_LABELS: dict[str, str] = {
     ANSWER: "Answer it yourself: the tool does not run",
     EDIT: "Edit the arguments: a new card follows, to approve",
 }
+_NOT_JSON = object()
 RAW_EDIT_NOTE = "The arguments are shown as JSON: the form cannot show {why}."
 NO_VERDICT = "Choose what happens to this call."
 
@@ -155,6 +166,16 @@ class CallForm:
             return self._edit(reason)
         return CallVerdict(call_id=self.call.id, verdict=chosen, reason=reason)
 
+    def _json(self, name: str, text: str) -> Any:
+        """``text`` read as JSON, or ``_NOT_JSON`` with the problem on the field ``name``."""
+        try:
+            return json.loads(text or "")
+        except json.JSONDecodeError as exc:
+            self.form.add_error(name, f"This is not JSON ({exc.msg}, line {exc.lineno}).")
+        except RecursionError:
+            self.form.add_error(name, "This JSON is nested too deeply.")
+        return _NOT_JSON
+
     def _answer(self, reason: str) -> CallVerdict | None:
         text = self.form.cleaned_data["answer"]
         if text == "":
@@ -162,10 +183,8 @@ class CallForm:
             return None
         answer: Any = text
         if self.form.cleaned_data["answer_is_json"]:
-            try:
-                answer = json.loads(text)
-            except json.JSONDecodeError as exc:
-                self.form.add_error("answer", f"This is not JSON ({exc.msg}, line {exc.lineno}).")
+            answer = self._json("answer", text)
+            if answer is _NOT_JSON:
                 return None
         return CallVerdict(call_id=self.call.id, verdict=ANSWER, reason=reason, answer=answer)
 
@@ -175,12 +194,8 @@ class CallForm:
                 return None
             arguments: Any = self.edit.values()
         else:
-            try:
-                arguments = json.loads(self.form.cleaned_data["arguments_json"] or "")
-            except json.JSONDecodeError as exc:
-                self.form.add_error(
-                    "arguments_json", f"This is not JSON ({exc.msg}, line {exc.lineno})."
-                )
+            arguments = self._json("arguments_json", self.form.cleaned_data["arguments_json"])
+            if arguments is _NOT_JSON:
                 return None
             if not isinstance(arguments, dict):
                 self.form.add_error("arguments_json", "The arguments must be a JSON object.")
@@ -233,6 +248,47 @@ def call_forms(
         form = CallVerdictForm(data, verdicts=choice.verdicts, prefix=name, initial=initial)
         built.append(CallForm(call, index, choice, form, edit, note))
     return built
+
+
+def turn_call_forms(
+    *, run: AgentRun, pending: PendingTurn, reader: Decider, prefix: str, data: Any | None = None
+) -> list[CallForm]:
+    """``call_forms`` for ``run``'s approval turn ``pending`` (as its card shows it) as ``reader``
+    may decide it (``call_choices``: the rules the service checks), each call's edit built from
+    its tool's schema as the run would call it (``edit_schema``)."""
+    choices = call_choices(
+        user=reader, configuration=run.configuration, pending=pending, initiator_id=run.initiator_id
+    )
+    return call_forms(
+        calls=pending.calls,
+        choices=choices,
+        schemas={c.id: edit_schema(run=run, call_id=c.id) for c in pending.calls},
+        prefix=prefix,
+        data=data,
+    )
+
+
+def decision_arguments(decision: str, forms: Sequence[CallForm]) -> dict[str, Any] | None:
+    """What a card's ``decision`` asks ``run_decide`` for: ``approved=True`` (*Approve all*);
+    for *Deny all*, ``approved=False`` — or, when a reason was typed on a call, every call
+    denied, each with its reason; for ``calls``, the ``verdicts`` posted per call. ``None``: a
+    form has a problem (each said on its call)."""
+    if decision == APPROVE_ALL:
+        return {"approved": True}
+    if decision == PER_CALL:
+        verdicts = posted_verdicts(forms)
+        return None if verdicts is None else {"verdicts": verdicts}
+    reasons = [(form.call.id, form.reason()) for form in forms]
+    if any(reason is None for _, reason in reasons):
+        return None
+    if not any(reason for _, reason in reasons):
+        return {"approved": False}
+    return {
+        "verdicts": [
+            CallVerdict(call_id=call_id, verdict=DENY, reason=reason or "")
+            for call_id, reason in reasons
+        ]
+    }
 
 
 def posted_verdicts(forms: Sequence[CallForm]) -> list[CallVerdict] | None:

@@ -11,16 +11,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from agentruns.authority import (
-    Authority,
-    Decider,
-    approval_authority,
-    call_choices,
-    cancel_authority,
-)
+from agentruns.authority import Authority, Decider, approval_authority, cancel_authority
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.models import DEADLINE_STATUSES, AgentRun, Status
-from agentruns.services.decisions import edit_schema
 from agentruns.tools.shown import shown_turn
 from agentruns.turns import (
     APPROVAL,
@@ -31,7 +24,7 @@ from agentruns.turns import (
     read_pending_turn,
     waits_for_a_human,
 )
-from agentruns.verdict_forms import CallForm, call_forms
+from agentruns.verdict_forms import CallForm, turn_call_forms
 
 
 @dataclass
@@ -103,18 +96,8 @@ def card_for(run: AgentRun, *, reader: Decider, data: Any | None = None) -> Card
             user=reader, configuration=run.configuration, pending=card.pending
         )
     if card.kind == APPROVAL:
-        choices = call_choices(
-            user=reader,
-            configuration=run.configuration,
-            pending=card.pending,
-            initiator_id=run.initiator_id,
-        )
-        card.call_forms = call_forms(
-            calls=card.pending.calls,
-            choices=choices,
-            schemas={c.id: edit_schema(run=run, call_id=c.id) for c in card.pending.calls},
-            prefix=card.form_id,
-            data=data,
+        card.call_forms = turn_call_forms(
+            run=run, pending=card.pending, reader=reader, prefix=card.form_id, data=data
         )
     return card
 

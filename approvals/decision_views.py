@@ -32,8 +32,8 @@ from agentruns.input_forms import input_form_for
 from agentruns.models import AgentRun
 from agentruns.services import runs
 from agentruns.services.batch_decisions import ALREADY_DECIDED, runs_decide_batch
-from agentruns.turns import APPROVAL, DENY, INPUT, UNREADABLE, CallVerdict
-from agentruns.verdict_forms import add_argument_errors, posted_verdicts
+from agentruns.turns import APPROVAL, INPUT, UNREADABLE
+from agentruns.verdict_forms import add_argument_errors, decision_arguments
 from approvals import feedback
 from approvals.cards import Card, card_for
 from approvals.forms import BatchDecisionForm, DecisionForm, InputMetaForm, ReconciliationForm
@@ -59,29 +59,6 @@ def _refused(request: HttpRequest, exc: LeaseholdError, run_uuid: UUID) -> HttpR
     return refused(request, exc, run=_named(request, run_uuid))
 
 
-def _decision(form: DecisionForm, card: Card) -> dict[str, Any] | None:
-    """What the posted card asks ``run_decide`` for: ``approved`` (*Approve all*; *Deny all*
-    without reasons), or ``verdicts`` (the per-call verdicts; *Deny all* with a reason typed on
-    a call: every call denied, each with its reason). ``None``: a form has a problem (each said
-    on its call)."""
-    if form.approved:
-        return {"approved": True}
-    if form.per_call:
-        verdicts = posted_verdicts(card.call_forms)
-        return None if verdicts is None else {"verdicts": verdicts}
-    reasons = [(f.call.id, f.reason()) for f in card.call_forms]
-    if any(reason is None for _, reason in reasons):
-        return None
-    if not any(reason for _, reason in reasons):
-        return {"approved": False}
-    return {
-        "verdicts": [
-            CallVerdict(call_id=call_id, verdict=DENY, reason=reason or "")
-            for call_id, reason in reasons
-        ]
-    }
-
-
 @require_POST
 def decide(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
     """Decide a pending turn, bound to the digest of the turn shown: *Approve all*, *Deny all*,
@@ -101,7 +78,7 @@ def decide(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
         decision: dict[str, Any] = {"approved": form.approved}
     else:
         card.opened = True
-        posted = _decision(form, card)
+        posted = decision_arguments(form.cleaned_data["decision"], card.call_forms)
         if posted is None:
             return _back_in_place(request, run, card)
         decision = posted

@@ -14,6 +14,7 @@ from django import forms
 
 from agentruns.services.batch_decisions import MAX_SELECTED, Selected
 from agentruns.services.runs import RECONCILIATION_VERDICTS
+from agentruns.verdict_forms import APPROVE_ALL, DECISIONS
 
 # The inbox's two ways of showing cards: in full, or one line each (expand to decide).
 FULL = "full"
@@ -35,17 +36,11 @@ class DecisionForm(_Bound):
     """*Approve all*, *Deny all*, or the per-call verdicts posted beside it
     (``agentruns.verdict_forms``)."""
 
-    decision = forms.ChoiceField(
-        choices=[("approve", "Approve all"), ("deny", "Deny all"), ("calls", "Per call")]
-    )
+    decision = forms.ChoiceField(choices=[(d, d) for d in DECISIONS])
 
     @property
     def approved(self) -> bool:
-        return self.cleaned_data["decision"] == "approve"
-
-    @property
-    def per_call(self) -> bool:
-        return self.cleaned_data["decision"] == "calls"
+        return self.cleaned_data["decision"] == APPROVE_ALL
 
 
 class SelectionField(forms.Field):

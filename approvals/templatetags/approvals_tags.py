@@ -75,6 +75,28 @@ def card_calls(card: Any) -> str:
     return ", ".join(shown) if len(shown) < 2 else f"{len(shown)} calls: " + ", ".join(shown)
 
 
+# A call's verdict on an approval event, in words (the timeline lists them per call).
+VERDICT_WORDS = {
+    "approve": "approved",
+    "deny": "denied",
+    "answer": "answered by the reviewer, not run",
+    "edit": "arguments edited (a new card followed, to approve)",
+}
+
+
+@register.filter
+def verdict_words(verdict: Any) -> str:
+    return VERDICT_WORDS.get(verdict, str(verdict)) if isinstance(verdict, str) else ""
+
+
+@register.filter
+def verdicts_worth_listing(verdicts: Any) -> bool:
+    """Whether an approval's per-call verdicts say more than its summary: several calls, or one
+    with a reason, an answer or an edit."""
+    calls = list(verdicts or ())
+    return len(calls) > 1 or any(v.reason or v.verdict in ("answer", "edit") for v in calls)
+
+
 @register.filter
 def short_uuid(value: Any) -> str:
     return str(value)[:8]

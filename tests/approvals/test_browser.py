@@ -21,7 +21,7 @@ from agentruns.services import runs
 from playground.models import Note
 from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory, UserFactory
 from tests.approvals.conftest import make_in_doubt_run, start_input_run, start_waiting_run
-from tests.approvals.html import headings_in_order
+from tests.approvals.html import RUN_NAMED, headings_in_order
 from tests.support.axe import assert_accessible_copy
 from tests.support.browser import new_page as support_new_page
 
@@ -54,9 +54,17 @@ def card(page, run):
     return page.locator(f"#run-{run.uuid}")
 
 
-def messages(page) -> list[str]:
+def named_messages(page) -> list[str]:
+    """The messages as shown, each led by the run it is about ("Run 7b7e07e3 (Notes): …")."""
     page.wait_for_selector(".messagelist li")
     return [text.strip() for text in page.locator(".messagelist li").all_inner_texts()]
+
+
+def messages(page) -> list[str]:
+    """The messages without the run each names (``RUN_NAMED``)."""
+    return [
+        match["rest"] if (match := RUN_NAMED.match(text)) else text for text in named_messages(page)
+    ]
 
 
 def overflows(page) -> bool:
