@@ -30,6 +30,9 @@ from agentruns.transitions.deadlines import (
     run_expire_waiting,
 )
 from agentruns.transitions.deciding import (
+    locked_waiting_run,
+    record_abandon,
+    record_decision,
     run_decide,
     run_reconcile_abandon,
 )
@@ -64,6 +67,9 @@ from agentruns.transitions.segment_writes import (
 
 __all__ = [
     "birth_event",
+    "locked_waiting_run",
+    "record_abandon",
+    "record_decision",
     "run_abandon",
     "run_cancel",
     "run_claim_queued",

@@ -50,6 +50,7 @@ from agentruns.services.runtime.results import (
 )
 from agentruns.services.runtime.tool_step import (
     denied_event,
+    edited_marks,
     execute_tool_call,
     refused_event,
 )
@@ -444,7 +445,7 @@ class RunSegment(ProviderStep):
 
     def _record_denied(self, turn: Turn, call: Call, *, last_of_turn: bool) -> Stop | None:
         turn.done.append(call.id)
-        denied = denied_event(call, by=turn.denied_by)
+        denied = denied_event(call, by=turn.denied_by, decider=turn.decider, reason=turn.reason)
         return self._step_done([denied], clear_fence=False, last_of_turn=last_of_turn)
 
     def _execute(
@@ -478,7 +479,7 @@ class RunSegment(ProviderStep):
         if result.in_doubt and effect == Effect.NON_IDEMPOTENT_WRITE:
             return self._park_in_doubt(call, arguments, result.error, lost=step.lease_lost)
         turn.done.append(call.id)
-        payload: dict[str, Any] = {"call_id": call.id, "name": call.name}
+        payload: dict[str, Any] = {"call_id": call.id, "name": call.name, **edited_marks(call)}
         if arguments != call.arguments:
             # Only when they are not the proposed ones (a person's input was merged in): the
             # ``llm`` event that proposed the call already stores them (docs/design.md §1.9).

@@ -23,6 +23,16 @@ class NotRehydratable(Exception):
 
 
 DENIED_MESSAGE = "denied by an operator: this call was not executed"
+#: A ``tool`` event's outcome for a call a person answered in place of running it.
+ANSWERED = "answered"
+
+
+def denied_message(decider: str) -> str:
+    """What the model reads as a denied call's error: who denied it (an operator when not
+    known)."""
+    return f"denied by {decider}: this call was not executed" if decider else DENIED_MESSAGE
+
+
 EXPIRED_MESSAGE = (
     "the request for approval (or input) expired: nobody decided before its deadline, so this "
     "call was not executed"
@@ -84,11 +94,44 @@ def tool_message_content(payload: Mapping[str, Any]) -> str:
     stored = payload.get("content")
     if isinstance(stored, str):
         return stored
+    marked = _person_marked(payload)
+    if marked is not None:
+        return json.dumps(marked, ensure_ascii=False, sort_keys=True)
     return ToolResult(
         ok=payload.get("ok") is True,
         content=payload.get("result"),
         error=str(payload.get("error") or ""),
     ).as_message_content()
+
+
+def _person_marked(payload: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The tool message of a call a person decided in particular, as the model reads it: a
+    denial with the reviewer's reason (verbatim, under a key that says whose words they are),
+    an answer given in place of running the tool, or a result of arguments a person edited
+    (with the arguments it ran with). ``None`` for any other call."""
+    outcome = payload.get("outcome")
+    reason = payload.get("reason")
+    if outcome == "denied" and isinstance(reason, str) and reason:
+        return {"error": str(payload.get("error") or ""), "reason_given_by_the_reviewer": reason}
+    if outcome == ANSWERED:
+        return {
+            "answered_by_a_person": str(payload.get("decided_by") or ""),
+            "note": "a person gave this result in place of running the tool: the tool did not run",
+            "result": payload.get("result"),
+        }
+    edit = payload.get("edit")
+    if not isinstance(edit, dict):
+        return None
+    marked: dict[str, Any] = {
+        "arguments_edited_by_a_person": str(edit.get("editor") or ""),
+        "note": "a person changed this call's arguments before it ran; it ran with arguments_run",
+        "arguments_run": payload.get("arguments"),
+    }
+    if payload.get("ok") is True:
+        marked["result"] = payload.get("result")
+    else:
+        marked["error"] = str(payload.get("error") or "")
+    return marked
 
 
 @dataclass
