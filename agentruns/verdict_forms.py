@@ -55,6 +55,7 @@ VERDICT_LABELS: dict[str, str] = {
 _NOT_JSON = object()
 RAW_EDIT_NOTE = "The arguments are shown as JSON: the form cannot show {why}."
 NO_VERDICT = "Choose what happens to this call."
+REASON_WITH_DENIAL = "A reason goes with a denial: choose Deny, or clear the reason."
 
 
 class CallVerdictForm(forms.Form):
@@ -68,7 +69,7 @@ class CallVerdictForm(forms.Form):
         required=False,
         strip=False,
         max_length=MAX_REASON_CHARS,
-        label="Reason (optional; the model reads it, marked as your words)",
+        label="Reason, if you deny it (optional; the model reads it, marked as your words)",
         widget=forms.Textarea(attrs={"rows": 2}),
     )
     answer = forms.CharField(
@@ -160,10 +161,13 @@ class CallForm:
             self.form.add_error("verdict", NO_VERDICT)
             return None
         reason = data["reason"]
+        if reason and chosen != DENY:
+            self.form.add_error("reason", REASON_WITH_DENIAL)
+            return None
         if chosen == ANSWER:
-            return self._answer(reason)
+            return self._answer()
         if chosen == EDIT:
-            return self._edit(reason)
+            return self._edit()
         return CallVerdict(call_id=self.call.id, verdict=chosen, reason=reason)
 
     def _json(self, name: str, text: str) -> Any:
@@ -176,7 +180,7 @@ class CallForm:
             self.form.add_error(name, "This JSON is nested too deeply.")
         return _NOT_JSON
 
-    def _answer(self, reason: str) -> CallVerdict | None:
+    def _answer(self) -> CallVerdict | None:
         text = self.form.cleaned_data["answer"]
         if text == "":
             self.form.add_error("answer", "Give the result the model should receive.")
@@ -186,9 +190,9 @@ class CallForm:
             answer = self._json("answer", text)
             if answer is _NOT_JSON:
                 return None
-        return CallVerdict(call_id=self.call.id, verdict=ANSWER, reason=reason, answer=answer)
+        return CallVerdict(call_id=self.call.id, verdict=ANSWER, answer=answer)
 
-    def _edit(self, reason: str) -> CallVerdict | None:
+    def _edit(self) -> CallVerdict | None:
         if self.edit is not None:
             if not self.edit.is_valid():
                 return None
@@ -200,7 +204,7 @@ class CallForm:
             if not isinstance(arguments, dict):
                 self.form.add_error("arguments_json", "The arguments must be a JSON object.")
                 return None
-        return CallVerdict(call_id=self.call.id, verdict=EDIT, reason=reason, arguments=arguments)
+        return CallVerdict(call_id=self.call.id, verdict=EDIT, arguments=arguments)
 
 
 def _edit_form(
