@@ -247,9 +247,11 @@ def call_forms(
                 choice.self_approval,
             )
         name = f"{prefix}-c{index}"
-        edit, note = _edit_form(call, schema, data, name) if choice.allows(EDIT) else (None, "")
         initial = {"arguments_json": pretty_arguments(call.arguments)}
         form = CallVerdictForm(data, verdicts=choice.verdicts, prefix=name, initial=initial)
+        # The edit is read (and its problems said) only when the call's verdict is *edit*.
+        edited = data if form["verdict"].value() == EDIT else None
+        edit, note = _edit_form(call, schema, edited, name) if choice.allows(EDIT) else (None, "")
         built.append(CallForm(call, index, choice, form, edit, note))
     return built
 
