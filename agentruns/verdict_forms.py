@@ -213,8 +213,9 @@ def _edit_form(
     """The edit of ``call`` as a form of ``schema``, or ``None`` and why it is raw JSON."""
     if schema is None:
         return None, ""
-    order = list(call.arguments) if isinstance(call.arguments, dict) else None
-    spec = input_spec(dict(schema), order=order)
+    # The fields in the order the tool declares them (the registry's schema, not a stored copy
+    # whose keys PostgreSQL's jsonb may have reordered).
+    spec = input_spec(dict(schema))
     why = _raw_reason(call.arguments, spec)
     if why:
         return None, RAW_EDIT_NOTE.format(why=why)
