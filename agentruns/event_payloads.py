@@ -89,7 +89,7 @@ class LlmPayload(TypedDict, total=False):
 class ToolPayload(TypedDict, total=False):
     """``tool``: a call that ran (``RunSegment`` in ``runtime.segment``), did not run
     (``tool_step.unrun_event``: denied, expired, refused) or was reconciled
-    (``runtime.decisions._reconciled``)."""
+    (``runtime.verdicts._reconciled``)."""
 
     call_id: str
     name: str
@@ -143,7 +143,7 @@ class InputPayload(TypedDict, total=False):
 
 class ReconciliationPayload(TypedDict, total=False):
     """``reconciliation``: an in-doubt write resolved by a person (``services.decisions``,
-    ``by: "person"``) or by its tool's automatic check (``services.checks``, ``by: "check"``
+    ``by: "person"``) or by its tool's automatic check (``services.reconciliation``, ``by: "check"``
     with ``evidence``, ``attempt`` and ``result``)."""
 
     verdict: str  # landed, not_landed, abandon
@@ -160,7 +160,7 @@ class ReconciliationPayload(TypedDict, total=False):
 
 
 class LeasePayload(TypedDict, total=False):
-    """``lease``: a claim (``transitions.segment``), a requeue after a provider failure
+    """``lease``: a claim (``transitions.segment_writes``), a requeue after a provider failure
     (``ProviderStep``), a hand-back by a stopping worker (``RunSegment._hand_back``) or an
     abandon (``transitions.endings.run_abandon``)."""
 
@@ -195,8 +195,8 @@ class CancelPayload(TypedDict, total=False):
 
 class VerificationPayload(TypedDict, total=False):
     """``verification``: a decision refused at run time, because the turn about to run is not
-    the one decided (``runtime.decisions._mismatch``) or a write's preview changed
-    (``runtime.previews.preview_changed_event``)."""
+    the one decided (``runtime.verdicts._mismatch``) or a write's preview changed
+    (``runtime.previewing.preview_changed_event``)."""
 
     decision: str
     verdict: str  # mismatch, preview_changed
@@ -221,7 +221,7 @@ class InDoubtPayload(TypedDict, total=False):
 
 class CheckPayload(TypedDict, total=False):
     """``check``: a tool's automatic check that answered unknown, failed or timed out
-    (``services.checks``)."""
+    (``services.reconciliation``)."""
 
     by: str
     attempt: int

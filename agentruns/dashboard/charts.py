@@ -7,7 +7,7 @@ function must run a constant number of queries (one, so far) over a bounded wind
 Cost per configuration per day reads the spend ledger (``SpendDay``), not the runs: a run that
 spans midnight is charged on the day of each call. A configuration's name is user-chosen text:
 it is only ever a series name, which the SVG and the table escape
-(``tests/agentruns/test_dashboard.py`` draws a hostile one).
+(``tests/agentruns/dashboard/test_pages.py`` draws a hostile one).
 """
 
 from __future__ import annotations

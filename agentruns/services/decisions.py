@@ -87,7 +87,7 @@ def _require_runnable(run: AgentRun, *, tools: bool) -> AgentConfiguration:
     its configuration was deactivated while it waited, or — ``tools``: the decision lets calls
     run — when a tool the turn shows as known is no longer registered. Cancel still works.
     Under the row lock (a decision's check); the configuration, read afresh."""
-    # Read with the locked row, in the same statement (``transitions.decisions._lock_run``).
+    # Read with the locked row, in the same statement (``transitions.deciding._lock_run``).
     configuration = run.configuration
     if not configuration.is_active:
         raise UnreadableState("its configuration was deactivated while it waited; cancel it")

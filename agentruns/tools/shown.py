@@ -7,7 +7,7 @@ known and needs a decision, its source, hints, description and MCP server — is
 run's tool gate (``ToolGate.shown``), never from the stored copy. ``shown_turn`` is that turn,
 with the digest of exactly what it shows; ``executing_digest`` computes the same digest from the
 turn the next segment executes (``loop_state.turn``). A decision is taken only when the digest
-the person sent equals both, under the row lock (``transitions.decisions``).
+the person sent equals both, under the row lock (``transitions.deciding``).
 
 An in-doubt call (reconciliation) shows the effect its fence stamped (``pending_effect``, the
 effect it ran with), not the tool's effect now; everything else about its tool is read now, as

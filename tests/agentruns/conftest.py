@@ -5,7 +5,7 @@ from collections.abc import Iterator
 import pytest
 
 from agentruns.providers.scripted import ScriptedProvider
-from tests.agentruns.runtime_support import probes  # noqa: F401  (fixture)
+from tests.agentruns.support.runtime import probes  # noqa: F401  (fixture)
 
 
 @pytest.fixture

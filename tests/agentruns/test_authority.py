@@ -30,7 +30,8 @@ from agentruns.services import runs
 from agentruns.tools import Tool, registry
 from agentruns.transitions import deciding as decision_transitions
 from agentruns.turns import Call, PendingTurn, read_pending_turn
-from tests.agentruns.api_support import (
+from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
+from tests.agentruns.support.api import (
     WEBHOOK_CALL,
     WEBHOOK_SCRIPT,
     digest,
@@ -38,7 +39,6 @@ from tests.agentruns.api_support import (
     waiting_for_approval,
     waiting_for_input,
 )
-from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -24,7 +24,7 @@ from agentruns.models import (
 )
 from agentruns.services.runs import run_decide, run_start_sync
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
-from tests.agentruns.runtime_support import DECIDE
+from tests.agentruns.support.runtime import DECIDE
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -400,7 +400,7 @@ def test_negative_prices_and_budgets_are_refused(field):
 @pytest.mark.postgres
 @pytest.mark.parametrize("racers", [2, 6])
 def test_runs_racing_for_the_last_of_a_budget_overspend_by_at_most_one_call(racers):
-    from tests.agentruns.test_transition_races import race
+    from tests.agentruns.support.races import race
 
     # Each answer costs CALL_COST; the budget has room for 6.4 of them, so the last call that
     # is admitted (spend still under the limit) overspends by at most one call, whoever races.
@@ -500,7 +500,7 @@ def test_the_admin_refuses_a_negative_budget(admin_client):
 def test_the_cost_metric_per_configuration_comes_from_the_ledger(client):
     from django.db.models import Sum
 
-    from tests.agentruns.test_metrics import samples
+    from tests.agentruns.support.metrics import samples
 
     first, second = priced(slug="first"), priced(slug="second")
     for config in (first, first, second):

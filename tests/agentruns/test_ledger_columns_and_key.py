@@ -21,7 +21,7 @@ from agentruns.models import AgentRun, AgentRunEvent
 from agentruns.services import runs
 from agentruns.system_checks import check_ledger_key
 from tests.agentruns.factories import AgentConfigurationFactory
-from tests.agentruns.test_ledger import (
+from tests.agentruns.support.ledger import (
     PLAIN_MODE,
     approved_run,
     export,

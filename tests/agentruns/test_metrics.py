@@ -12,27 +12,16 @@ from django.db.models import Value
 from django.db.models.functions import Now
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
-from prometheus_client.parser import text_string_to_metric_families
 
 from agentruns.metrics import counter_add
 from agentruns.models import AgentRun, Counter, Status
 from agentruns.services import reaper
 from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory, UserFactory
+from tests.agentruns.support.metrics import samples
 
 pytestmark = pytest.mark.django_db
 
 TOKEN = "s3cret-scraper-token"
-
-
-def samples(client: Client, **headers: str) -> dict[tuple[str, tuple], float]:
-    response = client.get("/metrics", headers=headers)
-    assert response.status_code == 200, response.content
-    assert response["Content-Type"].startswith("text/plain; version=")  # the exposition format
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(response.content.decode())
-        for sample in family.samples
-    }
 
 
 VIEW_ALL = "agentruns.view_all_agentruns"

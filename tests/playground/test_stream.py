@@ -20,7 +20,7 @@ from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status, TerminationReason
 from playground.models import Note
 from playground.stream import RunStream
-from tests.agentruns.api_support import (
+from tests.agentruns.support.api import (
     APPROVAL_SCRIPT,
     WEBHOOK_SCRIPT,
     config,

@@ -11,14 +11,14 @@ from agentruns.models import AgentRun, EventKind, Status
 from agentruns.services import runs
 from agentruns.services.runtime.transcript import request_messages
 from playground.models import Note
-from tests.agentruns.api_support import (
+from tests.agentruns.factories import UserFactory
+from tests.agentruns.support.api import (
     APPROVAL_SCRIPT,
     INPUT_SCRIPT,
     config,
     digest,
     waiting_for_approval,
 )
-from tests.agentruns.factories import UserFactory
 from tests.playground.conftest import USE
 
 pytestmark = pytest.mark.django_db

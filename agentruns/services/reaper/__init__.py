@@ -21,7 +21,7 @@ in doubt whose tool declares a check gets the check task once the batch commits 
 queued runs nobody claimed for ``REDISPATCH_SECONDS`` get a fresh wake-up, and in-doubt runs
 whose tool's check stalled (its task lost, or its worker died) get the check task again
 (``reconciliation.redispatch_due``). Runs waiting for approval or input past their approval deadline
-are settled too (rule ``deadline``: denied or failed, ``services.deadlines``, §5.11), and the
+are settled too (rule ``deadline``: denied or failed, ``services.deadline_sweep``, §5.11), and the
 budget holds past their expiry lapse (``budgets.lapse_holds``, §14).
 
 Owns no state of its own and never executes a run: it only settles or hands runs back.
@@ -29,7 +29,7 @@ Owns no state of its own and never executes a run: it only settles or hands runs
 This module is the pass (``reap_stale_runs``: batches, then deadlines, then redispatch); its
 parts are ``rules`` (the rules and ``rule_for``), ``batches`` (carrying a batch's verdicts out),
 ``wakeups`` (wake-ups and the redispatch of unclaimed runs) and ``report`` (the verdicts and the
-report). Every name the single-file module had is importable from here.
+report). The names in ``__all__`` are its public surface.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from agentruns.metrics import record_reaper_pass
 from agentruns.models import AgentRun, AgentRunEvent
 from agentruns.services import deadline_sweep, reconciliation
 from agentruns.services.reaper.batches import _apply_batch
-from agentruns.services.reaper.batches import _event as _event  # re-exported (tests)
 from agentruns.services.reaper.report import (
     ReaperReport,
     RunVerdict,
@@ -68,7 +67,6 @@ from agentruns.services.reaper.wakeups import (
     _settle_unsent,
     redispatch_unclaimed,
 )
-from agentruns.turns import PendingTurn as PendingTurn  # re-exported (tests)
 
 logger = logging.getLogger(__name__)
 

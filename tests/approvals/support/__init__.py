@@ -1,0 +1,1 @@
+"""Helpers shared by the approvals tests: HTML inspections and the browser pages."""
