@@ -88,7 +88,8 @@ class LlmPayload(TypedDict, total=False):
 
 class ToolPayload(TypedDict, total=False):
     """``tool``: a call that ran (``RunSegment`` in ``runtime.segment``), did not run
-    (``tool_step.unrun_event``: denied, expired, refused) or was reconciled
+    (``tool_step.unrun_event``: denied, expired, refused; ``tool_step.answered_event``: a
+    person answered it in place of running it) or was reconciled
     (``runtime.verdicts._reconciled``)."""
 
     call_id: str

@@ -8,10 +8,9 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from agentruns.api.serializers import DECISION_MODE_CHOICES
 from agentruns.services import runs
 from agentruns.turns import MAX_ANSWER_CHARS, MAX_REASON_CHARS, VERDICTS, CallVerdict
-
-DECISION_MODE_CHOICES = [("inline", "inline"), ("queued", "queued")]
 
 
 class _DecisionBase(serializers.Serializer):

@@ -25,6 +25,7 @@ from agentruns.turns import (
 )
 
 MODE_CHOICES = [("sync", "sync"), ("queued", "queued")]
+DECISION_MODE_CHOICES = [("inline", "inline"), ("queued", "queued")]
 EVENTS_LIMIT = 1000
 
 

@@ -2,9 +2,12 @@
 (docs/design.md §5.9).
 
 The decision transition stores the decision in the loop state; the next segment applies it here
-before it runs anything: an approval or denial marks the turn, input values are kept for their
-call, and a reconciliation verdict settles the in-doubt call as the ``tool`` event the model sees.
-Applying it again (a segment that died before its first boundary) gives the same turn.
+before it runs anything: an approval or denial of the whole turn marks the turn; a decision per
+call settles its denials and answers as the ``tool`` events the model reads, leaves its approved
+calls to run, and puts edited arguments in place (the turn then waits on a new card); input
+values are kept for their call, and a reconciliation verdict settles the in-doubt call as the
+``tool`` event the model sees. Applying it again (a segment that died before its first boundary)
+gives the same turn.
 """
 
 from __future__ import annotations
