@@ -14,7 +14,14 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import user_passes_test
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseRedirect,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -326,7 +333,8 @@ def _batch_continue(
         return _run_page(request, exc.run, verdicts=exc.forms, status=VERDICTS_REFUSED)
     except LeaseholdError as exc:
         messages.error(request, exc.message)
-    return redirect("playground:run", uuid)
+    # Back on the run, the focus on where it stands now (``decided``: the page autofocuses it).
+    return HttpResponseRedirect(reverse("playground:run", args=[uuid]) + "?decided=1#outcome")
 
 
 def _verdicts_line(request: HttpRequest, exc: VerdictsRefused) -> dict[str, Any]:

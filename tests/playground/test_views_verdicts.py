@@ -69,6 +69,12 @@ def test_batch_approve_one_deny_the_other_with_a_reason(dev_client, developer):
         verdicts(run, c1_verdict="approve", c2_verdict="deny", c2_reason=REASON),
     )
     assert response.status_code == 302
+    # Back on the run, where it stands now takes the focus.
+    assert response["Location"] == f"/playground/runs/{run.uuid}/?decided=1#outcome"
+    assert (
+        '<div id="outcome" tabindex="-1" autofocus>'
+        in dev_client.get(response["Location"]).content.decode()
+    )
     run.refresh_from_db()
     assert run.status == Status.COMPLETED
     assert list(Note.objects.values_list("title", flat=True)) == ["One"]
