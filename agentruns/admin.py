@@ -126,7 +126,7 @@ class AgentRunEventInline(admin.TabularInline):
         return False
 
 
-_RAW_STATE = ["loop_state", "pending_turn", "request", "pending_call", "error"]
+_RAW_STATE = ["loop_state", "pending_turn", "request", "pending_call", "error", "output_object"]
 
 
 @admin.register(AgentRun)
@@ -159,6 +159,7 @@ class AgentRunAdmin(_VisibleOnly):
         "pending_turn_json",
         "pending_call_json",
         "error_json",
+        "output_object_json",
     ]
 
     actions = ["cancel_runs"]
@@ -259,6 +260,10 @@ class AgentRunAdmin(_VisibleOnly):
     @admin.display(description="error")
     def error_json(self, obj: AgentRun) -> str:
         return self._pretty(obj.error)
+
+    @admin.display(description="output object")
+    def output_object_json(self, obj: AgentRun) -> str:
+        return self._pretty(obj.output_object)
 
 
 @admin.register(AgentRunEvent)

@@ -248,6 +248,22 @@ class BudgetPayload(TypedDict, total=False):
     day: str | None
 
 
+class OutputErrorPayload(TypedDict, total=False):
+    """One way a final answer failed its output schema (``SchemaError.as_dict``)."""
+
+    path: list[str | int]
+    message: str
+
+
+class OutputCheckPayload(TypedDict, total=False):
+    """``output_check``: a final answer that did not match the configuration's output schema,
+    sent back (``structured_output.judge``); ``message`` is what the model reads."""
+
+    ok: bool
+    errors: list[OutputErrorPayload]
+    message: str
+
+
 #: The payload shape of each kind.
 PAYLOADS: dict[str, type] = {
     EventKind.REQUEST: RequestPayload,
@@ -264,4 +280,5 @@ PAYLOADS: dict[str, type] = {
     EventKind.IN_DOUBT: InDoubtPayload,
     EventKind.CHECK: CheckPayload,
     EventKind.BUDGET: BudgetPayload,
+    EventKind.OUTPUT_CHECK: OutputCheckPayload,
 }

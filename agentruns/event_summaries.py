@@ -26,6 +26,7 @@ from agentruns.event_payloads import (
     InputPayload,
     LeasePayload,
     LlmPayload,
+    OutputCheckPayload,
     ReaperPayload,
     ReconciliationPayload,
     RequestPayload,
@@ -184,6 +185,16 @@ def budget(p: BudgetPayload) -> str:
     return text[:1].upper() + text[1:]
 
 
+def output_check(p: OutputCheckPayload) -> str:
+    errors: Any = p.get("errors")
+    errors = errors if isinstance(errors, list) else []
+    count = len(errors)
+    first = errors[0] if count and isinstance(errors[0], dict) else {}
+    said = str(first.get("message") or "")[:QUOTED]
+    more = f" (and {count - 1} more)" if count > 1 else ""
+    return f"Final answer sent back: it did not match the output schema: {said}{more}"
+
+
 #: Each kind's summary, typed with its payload (``agentruns.event_payloads``).
 SUMMARIES: dict[str, Callable[[Any], str]] = {
     EventKind.REQUEST: request,
@@ -200,6 +211,7 @@ SUMMARIES: dict[str, Callable[[Any], str]] = {
     EventKind.IN_DOUBT: in_doubt,
     EventKind.CHECK: check,
     EventKind.BUDGET: budget,
+    EventKind.OUTPUT_CHECK: output_check,
 }
 
 

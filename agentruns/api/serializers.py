@@ -295,6 +295,9 @@ class RunSerializer(serializers.Serializer):
     requeue_count = serializers.IntegerField()
     pending_turn = serializers.SerializerMethodField()
     output = serializers.CharField(allow_blank=True)
+    # The final answer as the JSON value it validated as, when the configuration sets an
+    # ``output_schema`` (``services.runtime.structured_output``); null otherwise.
+    output_object = serializers.JSONField(allow_null=True)
     error = serializers.JSONField()
     prompt_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
@@ -324,8 +327,10 @@ LIST_TEXT_CHARS = 500
 
 class RunSummarySerializer(RunSerializer):
     """A run in a list: a run's fields, with ``prompt`` and ``output`` cut at
-    ``LIST_TEXT_CHARS`` characters (``prompt_truncated``, ``output_truncated`` say so).
-    ``GET /api/runs/<uuid>/`` has them whole."""
+    ``LIST_TEXT_CHARS`` characters (``prompt_truncated``, ``output_truncated`` say so) and
+    without ``output_object``. ``GET /api/runs/<uuid>/`` has them whole."""
+
+    output_object = None  # type: ignore[assignment]  # in a run's detail only
 
     prompt_truncated = serializers.SerializerMethodField()
     output_truncated = serializers.SerializerMethodField()

@@ -56,6 +56,9 @@ class AgentRun(models.Model):
     pending_turn = models.JSONField(null=True, blank=True)
 
     output = models.TextField(blank=True)
+    # With an ``output_schema``: the final answer as the JSON value it validated as
+    # (``services.runtime.structured_output``); null otherwise.
+    output_object = models.JSONField(null=True, blank=True)
     error = models.JSONField(default=dict, blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)

@@ -14,6 +14,7 @@ from django.db import models
 class Provider(models.TextChoices):
     SCRIPTED = "scripted", "Scripted (plays a fixed list of turns)"
     OPENAI = "openai", "OpenAI-compatible chat completions"
+    ANTHROPIC = "anthropic", "Anthropic Messages API"
 
 
 class Effect(models.TextChoices):
@@ -65,6 +66,7 @@ class TerminationReason(models.TextChoices):
     APPROVAL_EXPIRED = "approval_expired", "nobody decided before its approval deadline"
     BUDGET_EXHAUSTED = "budget_exhausted", "its daily budget was spent"
     BAD_RESPONSE = "bad_response", "the provider's reply was malformed or could not be stored"
+    BAD_OUTPUT = "bad_output", "its final answer did not match the output schema"
 
 
 class EventKind(models.TextChoices):
@@ -88,6 +90,9 @@ class EventKind(models.TextChoices):
     CHECK = "check", "automatic check"
     # A provider call was refused before it was made: a daily budget is spent (``budgets``).
     BUDGET = "budget", "budget"
+    # A final answer did not match the configuration's ``output_schema``: the model is told what
+    # failed (``structured_output``) and answers once more.
+    OUTPUT_CHECK = "output_check", "output check"
 
 
 class ApprovalTimeoutAction(models.TextChoices):

@@ -19,6 +19,8 @@ from agentruns.storable import json_problem
 
 #: The longest provider call a configuration may allow (``timeout_seconds``).
 MAX_TIMEOUT_SECONDS = 3600
+#: The most tokens a configuration may let one answer hold (``max_output_tokens``).
+MAX_OUTPUT_TOKENS = 1_000_000
 #: The largest round cap a configuration may hold (``max_iterations``, a 16-bit column).
 MAX_ROUND_CAP = 32767
 #: The furthest approval deadline a configuration may set (``approval_timeout``): beyond any
@@ -34,7 +36,9 @@ class AgentConfiguration(models.Model):
     provider = models.CharField(max_length=20, choices=Provider.choices, default=Provider.SCRIPTED)
     model = models.CharField(max_length=200, blank=True)
     base_url = models.URLField(
-        blank=True, help_text="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1"
+        blank=True,
+        help_text="The provider's endpoint: OpenAI-compatible, e.g. http://127.0.0.1:8080/v1; "
+        "Anthropic, e.g. https://api.anthropic.com. Empty: the SDK's default.",
     )
     api_key_env = models.CharField(
         max_length=100,
@@ -47,6 +51,13 @@ class AgentConfiguration(models.Model):
     )
     timeout_seconds = models.PositiveIntegerField(
         default=30, help_text="Provider call timeout in seconds (1 to 3600)."
+    )
+    max_output_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Anthropic: the most tokens one answer may hold (the Messages API's max_tokens, "
+        f"1 to {MAX_OUTPUT_TOKENS}); empty: 4096. Not sent to other providers.",
     )
     system_prompt = models.TextField(blank=True)
     tools = models.JSONField(default=list, blank=True, help_text="Allowed tool names; empty = all.")
@@ -91,6 +102,13 @@ class AgentConfiguration(models.Model):
     )
     script = models.JSONField(
         default=list, blank=True, help_text="Turns for the scripted provider."
+    )
+    output_schema = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="Optional: a JSON schema (an object schema, as for tool arguments) the final "
+        "answer must match as JSON. An answer that does not is sent back once with what failed; "
+        "a second ends the run failed (bad_output). Empty: the answer is free text.",
     )
     notify_webhook_url = models.URLField(
         max_length=2048,
@@ -163,10 +181,11 @@ class AgentConfiguration(models.Model):
 
     def clean(self) -> None:
         """Refuses what a run could not use or the database could not store: a timeout outside
-        1 … ``MAX_TIMEOUT_SECONDS`` s, a round cap outside 1 … ``MAX_ROUND_CAP``, a deadline
-        past ``MAX_APPROVAL_TIMEOUT``, JSON (``tools``,
-        ``script``) holding NUL, lone surrogates or numbers that are not finite, and a script
-        the scripted provider would refuse."""
+        1 … ``MAX_TIMEOUT_SECONDS`` s, a round cap outside 1 … ``MAX_ROUND_CAP``, an answer's
+        token bound outside 1 … ``MAX_OUTPUT_TOKENS`` or above the call's, a deadline
+        past ``MAX_APPROVAL_TIMEOUT``, JSON (``tools``, ``script``, ``output_schema``) holding
+        NUL, lone surrogates or numbers that are not finite, a script the scripted provider
+        would refuse and an output schema ``tools.schemas.check_schema`` refuses."""
         errors: dict[str, str] = {}
         self._check_bounds(errors)
         self._check_json(errors)
@@ -189,14 +208,30 @@ class AgentConfiguration(models.Model):
             # The column's bound on every database (SQLite would store more); runs stop at
             # AGENTRUNS["MAX_ITERATIONS"] whatever this says.
             errors["max_iterations"] = f"A round cap is 1 to {MAX_ROUND_CAP}."
+        self._check_output_tokens(errors)
         if self.approval_timeout is not None and self.approval_timeout > MAX_APPROVAL_TIMEOUT:
             errors["approval_timeout"] = (
                 f"A deadline is at most {MAX_APPROVAL_TIMEOUT.days} days away."
             )
 
+    def _check_output_tokens(self, errors: dict[str, str]) -> None:
+        """An answer's bound within 1 … ``MAX_OUTPUT_TOKENS`` and within the call's bound (an
+        answer is part of the call: prompt and answer together)."""
+        bound = self.max_output_tokens
+        if bound is None:
+            return
+        if not 1 <= bound <= MAX_OUTPUT_TOKENS:
+            errors["max_output_tokens"] = f"An answer's bound is 1 to {MAX_OUTPUT_TOKENS} tokens."
+        elif self.max_tokens_per_call is not None and bound > self.max_tokens_per_call:
+            errors["max_output_tokens"] = (
+                f"An answer cannot hold more tokens than the whole call ({self.max_tokens_per_call}"
+                ", max_tokens_per_call)."
+            )
+
     def _check_json(self, errors: dict[str, str]) -> None:
-        """``tools`` and ``script`` storable, and the script one the scripted provider plays."""
-        for name in ("tools", "script"):
+        """``tools``, ``script`` and ``output_schema`` storable, the script one the scripted
+        provider plays, the output schema one the bounded validator checks."""
+        for name in ("tools", "script", "output_schema"):
             if (problem := json_problem(getattr(self, name))) is not None:
                 errors[name] = f"This JSON cannot be stored: {problem}."
         if "script" not in errors and (self.script or self.provider == Provider.SCRIPTED):
@@ -207,6 +242,13 @@ class AgentConfiguration(models.Model):
                 validate_script(self.script)
             except ProviderError as exc:
                 errors["script"] = str(exc)
+        if "output_schema" not in errors and self.output_schema is not None:
+            from agentruns.tools.schemas import InvalidSchema, check_schema
+
+            try:
+                check_schema(self.output_schema, what="output_schema")
+            except InvalidSchema as exc:
+                errors["output_schema"] = str(exc)
 
     def _check_deadline(self, errors: dict[str, str]) -> None:
         if self.approval_timeout is not None and self.approval_timeout <= timedelta(0):

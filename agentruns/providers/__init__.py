@@ -1,4 +1,5 @@
-"""Providers: where a model turn comes from (``scripted`` or any OpenAI-compatible endpoint).
+"""Providers: where a model turn comes from (``scripted``, any OpenAI-compatible endpoint, or
+Anthropic's Messages API).
 
 ``provider_for`` picks the implementation; ``base`` holds the contract every implementation
 imports (and imports no implementation itself).
@@ -20,11 +21,11 @@ __all__ = ["Provider", "ProviderError", "ProviderReply", "ToolCall", "provider_f
 
 
 def provider_for(configuration: Any, request: dict[str, Any]) -> Provider:
-    """The provider for ``configuration.provider`` (``scripted`` | ``openai``).
+    """The provider for ``configuration.provider`` (``scripted`` | ``openai`` | ``anthropic``).
 
     ``scripted`` plays ``request["script"]`` when the request carries a non-empty one, else
-    ``configuration.script``. ``openai`` reads its key from the environment at call time, so
-    building a provider never fails for a missing key; the first ``complete`` does.
+    ``configuration.script``. ``openai`` and ``anthropic`` read their key from the environment at
+    call time, so building a provider never fails for a missing key; the first ``complete`` does.
     Raises ``ProviderError`` (``configuration``, not retryable) for an unknown provider name.
     """
     name = str(getattr(configuration, "provider", "") or "")
@@ -40,8 +41,12 @@ def provider_for(configuration: Any, request: dict[str, Any]) -> Provider:
         from agentruns.providers.openai_compat import OpenAIProvider
 
         return OpenAIProvider.from_configuration(configuration)
+    if name == "anthropic":
+        from agentruns.providers.anthropic_messages import AnthropicProvider
+
+        return AnthropicProvider.from_configuration(configuration)
     raise ProviderError(
-        f"Unknown provider {name!r} (expected 'scripted' or 'openai').",
+        f"Unknown provider {name!r} (expected 'scripted', 'openai' or 'anthropic').",
         kind=ErrorKind.CONFIGURATION,
         retryable=False,
     )

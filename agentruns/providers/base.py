@@ -68,6 +68,7 @@ class ErrorKind(StrEnum):
     AUTH = "auth"  # 401/403, or the key's environment variable is unset
     BAD_REQUEST = "bad_request"  # 400/404/422
     BAD_RESPONSE = "bad_response"  # the endpoint answered something that is not a completion
+    REFUSED = "refused"  # the model declined to answer (Anthropic's stop_reason "refusal")
     CONFIGURATION = "configuration"  # unknown provider name and the like
     SCRIPT_EXHAUSTED = "script_exhausted"  # the scripted provider ran out of turns
     SCRIPT_INVALID = "script_invalid"  # the script is malformed

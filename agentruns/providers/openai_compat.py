@@ -10,55 +10,19 @@ are off (``max_retries=0``): every failure becomes a ``ProviderError`` classifie
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from typing import Any
 
 import openai
 
-from agentruns.exceptions import SecretEnvRefused
-from agentruns.providers.base import (
-    UNPARSED_KEY,
-    ErrorKind,
-    ProviderError,
-    ProviderReply,
-    ToolCall,
+from agentruns.providers.base import ErrorKind, ProviderError, ProviderReply, ToolCall
+from agentruns.providers.wire import (
+    SDK_STATUS_PREFIX,
+    parse_arguments,
+    read_api_key,
+    sanitise,
+    status_kind,
 )
-from agentruns.secrets import read_secret_env
-from agentruns.storable import storable_text
-
-_MAX_MESSAGE = 500
-_SDK_STATUS_PREFIX = re.compile(r"^Error code: \d+(\s+-\s+)?")
-_SECRET_PATTERNS = (
-    re.compile(r"(?i)(bearer\s+)\S+"),
-    re.compile(r"\bsk-[A-Za-z0-9_\-*.]{4,}"),
-)
-
-
-def _sanitise(text: str, secret: str | None) -> str:
-    """``text`` without the key (or anything shaped like one), cut to a storable length, with
-    what no column stores (NUL, lone surrogates: a server's error text may hold them)
-    replaced."""
-    text = storable_text(text)
-    if secret:
-        text = text.replace(secret, "[redacted]")
-    text = _SECRET_PATTERNS[0].sub(r"\1[redacted]", text)
-    text = _SECRET_PATTERNS[1].sub("sk-[redacted]", text)
-    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 1] + "…"
-
-
-def _status_kind(status: int) -> tuple[str, bool]:
-    if status == 429:
-        return ErrorKind.RATE_LIMITED, True
-    if status == 408:
-        return ErrorKind.TIMEOUT, True
-    if status >= 500:
-        return ErrorKind.SERVER_ERROR, True
-    if status in (401, 403):
-        return ErrorKind.AUTH, False
-    if status in (400, 404, 422):
-        return ErrorKind.BAD_REQUEST, False
-    return ErrorKind.UNKNOWN, False
 
 
 def classify(exc: BaseException, *, secret: str | None = None) -> ProviderError:
@@ -76,15 +40,15 @@ def classify(exc: BaseException, *, secret: str | None = None) -> ProviderError:
         cause = exc.__cause__ or exc.__context__
         detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
         return ProviderError(
-            _sanitise(f"Could not connect to the provider{detail}", secret),
+            sanitise(f"Could not connect to the provider{detail}", secret),
             kind=ErrorKind.CONNECTION,
             retryable=True,
         )
     if isinstance(exc, openai.APIStatusError):
-        kind, retryable = _status_kind(exc.status_code)
-        detail = _SDK_STATUS_PREFIX.sub("", exc.message or "")
+        kind, retryable = status_kind(exc.status_code)
+        detail = SDK_STATUS_PREFIX.sub("", exc.message or "")
         return ProviderError(
-            _sanitise(
+            sanitise(
                 f"The provider answered HTTP {exc.status_code}" + (f": {detail}" if detail else ""),
                 secret,
             ),
@@ -100,40 +64,15 @@ def classify(exc: BaseException, *, secret: str | None = None) -> ProviderError:
         | RecursionError,
     ):  # a 200 whose body is not a completion: not JSON, not UTF-8, nested past the parser
         return ProviderError(
-            _sanitise(f"The provider's answer was not a valid completion: {exc}", secret),
+            sanitise(f"The provider's answer was not a valid completion: {exc}", secret),
             kind=ErrorKind.BAD_RESPONSE,
             retryable=False,
         )
     return ProviderError(
-        _sanitise(f"Provider call failed: {type(exc).__name__}: {exc}", secret),
+        sanitise(f"Provider call failed: {type(exc).__name__}: {exc}", secret),
         kind=ErrorKind.UNKNOWN,
         retryable=False,
     )
-
-
-def parse_arguments(raw: Any) -> dict[str, Any]:
-    """A tool call's JSON arguments as a dict: empty → ``{}``; not a JSON object →
-    ``{UNPARSED_KEY: raw}`` so schema validation reports it to the model. Parsed as Python's
-    ``json`` does (``NaN``, ``1e999``, ``"\\u0000"`` included): ``check_reply`` refuses what
-    cannot be stored. Nesting past the parser's stack is ``bad_response``."""
-    if isinstance(raw, dict):
-        return raw
-    if raw is None or (isinstance(raw, str) and not raw.strip()):
-        return {}
-    try:
-        parsed = json.loads(raw)
-    except (TypeError, ValueError):
-        parsed = None
-    except RecursionError:
-        raise ProviderError(
-            "The provider's reply was refused: a tool call's arguments are nested too deeply "
-            "to parse.",
-            kind=ErrorKind.BAD_RESPONSE,
-            retryable=False,
-        ) from None
-    if isinstance(parsed, dict):
-        return parsed
-    return {UNPARSED_KEY: raw if isinstance(raw, str) else repr(raw)}
 
 
 def _tool_call(call: Any) -> ToolCall:
@@ -191,24 +130,7 @@ class OpenAIProvider:
         )
 
     def _api_key(self) -> str:
-        if not self.api_key_env:
-            raise ProviderError(
-                "The configuration names no API key environment variable (api_key_env is blank).",
-                kind=ErrorKind.AUTH,
-                retryable=False,
-            )
-        try:
-            key = read_secret_env(self.api_key_env, what="api_key_env") or ""
-        except SecretEnvRefused as exc:
-            raise ProviderError(exc.message, kind=ErrorKind.CONFIGURATION, retryable=False) from exc
-        if not key:
-            raise ProviderError(
-                f"The environment variable {self.api_key_env} (api_key_env) is not set "
-                "or empty; it must hold the provider's API key.",
-                kind=ErrorKind.AUTH,
-                retryable=False,
-            )
-        return key
+        return read_api_key(self.api_key_env)
 
     def complete(
         self, *, messages: list[dict[str, Any]], tools: list[dict[str, Any]], run_uuid: str
@@ -243,7 +165,7 @@ class OpenAIProvider:
         choices = getattr(completion, "choices", None)
         if not choices:
             raise ProviderError(
-                _sanitise(f"The provider answered without choices: {completion!r:.200}", secret),
+                sanitise(f"The provider answered without choices: {completion!r:.200}", secret),
                 kind=ErrorKind.BAD_RESPONSE,
                 retryable=False,
             )
@@ -260,7 +182,7 @@ class OpenAIProvider:
             raise
         except Exception as exc:  # a completion-shaped answer with the wrong insides
             raise ProviderError(
-                _sanitise(f"The provider's answer was not a valid completion: {exc}", secret),
+                sanitise(f"The provider's answer was not a valid completion: {exc}", secret),
                 kind=ErrorKind.BAD_RESPONSE,
                 retryable=False,
             ) from None

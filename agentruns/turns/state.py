@@ -1,5 +1,6 @@
 """The segment's own record of a run (``AgentRun.loop_state``): the turn being executed, a
-decision waiting to be applied, the digests already decided and token usage."""
+decision waiting to be applied, the digests already decided, token usage and how many times a
+final answer was sent back for not matching the output schema."""
 
 from __future__ import annotations
 
@@ -298,7 +299,9 @@ class LoopState:
     ``iteration`` counts provider calls; ``turn`` is the turn being executed (``None`` between
     turns); ``decision`` a human's decision recorded while the run waited, applied by the next
     segment; ``decided_digests`` the last digests decided, so a repeated decision reads "already
-    decided". Keys this version does not know are kept as they were (``extra``).
+    decided"; ``output_repairs`` how many final answers were sent back for not matching the
+    configuration's output schema (``services.runtime.structured_output``). Keys this version
+    does not know are kept as they were (``extra``).
     """
 
     iteration: int = 0
@@ -306,9 +309,10 @@ class LoopState:
     decision: Decision | None = None
     decided_digests: list[str] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
+    output_repairs: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    _KNOWN = ("iteration", "turn", "decision", "decided_digests", "usage")
+    _KNOWN = ("iteration", "turn", "decision", "decided_digests", "usage", "output_repairs")
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -325,6 +329,8 @@ class LoopState:
             data["decision"] = self.decision.to_json()
         if self.decided_digests:
             data["decided_digests"] = list(self.decided_digests)
+        if self.output_repairs:
+            data["output_repairs"] = self.output_repairs
         return data
 
     @classmethod
@@ -354,6 +360,7 @@ class LoopState:
                 ),
                 cost=_cost(usage.get("cost")),
             ),
+            output_repairs=_int(raw.get("output_repairs"), "loop_state.output_repairs"),
             extra={k: v for k, v in raw.items() if k not in cls._KNOWN},
         )
 

@@ -131,7 +131,23 @@ def unused_port() -> int:
 
 
 class ChatServer:
-    """A threaded chat-completions server; ``start()``/``stop()`` or use as a context manager."""
+    """A threaded chat-completions server; ``start()``/``stop()`` or use as a context manager.
+
+    A sibling speaking another protocol overrides ``endpoint`` (the path a request must end
+    with), ``path_prefix`` (what ``base_url`` adds), ``error`` (its error body) and
+    ``request_problem`` (why a request is refused before the queue is read)."""
+
+    endpoint = "/chat/completions"
+    path_prefix = "/v1"
+
+    @staticmethod
+    def error(message: str, *, status: int = 400) -> Any:
+        """The error body this protocol sends."""
+        return error_body(message)
+
+    def request_problem(self, headers: dict[str, str], body: Any) -> str | None:
+        """Why this request is refused with 400 (``None``: it is answered from the queue)."""
+        return None
 
     def __init__(self) -> None:
         self.requests: list[RecordedRequest] = []
@@ -156,13 +172,13 @@ class ChatServer:
 
     def fail(self, status: int, message: str = "scripted failure") -> None:
         """Queue an error status with an OpenAI-style error body."""
-        self.enqueue(ScriptedResponse(status=status, body=error_body(message)))
+        self.enqueue(ScriptedResponse(status=status, body=self.error(message, status=status)))
 
     @property
     def base_url(self) -> str:
         assert self._httpd is not None, "server not started"
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        return f"http://{host}:{port}{self.path_prefix}"
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> ChatServer:
@@ -214,13 +230,17 @@ class ChatServer:
         headers = {key.lower(): value for key, value in handler.headers.items()}
         with self._lock:
             self.requests.append(RecordedRequest(handler.command, handler.path, headers, body))
-            if handler.command != "POST" or not handler.path.endswith("/chat/completions"):
-                response = ScriptedResponse(status=404, body=error_body("no such endpoint"))
+            if handler.command != "POST" or not handler.path.endswith(self.endpoint):
+                response = ScriptedResponse(
+                    status=404, body=self.error("no such endpoint", status=404)
+                )
+            elif (problem := self.request_problem(headers, body)) is not None:
+                response = ScriptedResponse(status=400, body=self.error(problem))
             elif self._responses:
                 response = self._responses.popleft()
             else:
                 response = ScriptedResponse(
-                    status=400, body=error_body("chat server: no scripted response left")
+                    status=400, body=self.error("test server: no scripted response left")
                 )
         if response.delay and self._stopping.wait(response.delay):
             return

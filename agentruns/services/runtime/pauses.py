@@ -26,6 +26,7 @@ from agentruns.services.runtime.previewing import (
     preview_open_calls,
 )
 from agentruns.services.runtime.results import EventObserver, Outcome, Stop
+from agentruns.services.runtime.structured_output import judge
 from agentruns.services.runtime.ticker import LeaseTicker
 from agentruns.tools import Tool
 from agentruns.tools.gate import ToolGate
@@ -187,9 +188,13 @@ class Pauses:
         error: dict[str, Any] | None = None,
         truncated: bool = False,
         events: list[EventSpec] | None = None,
+        output_object: Any = None,
     ) -> Stop | None:
         """End the run in ``status`` with ``reason`` under the lease, appending ``events`` in the
         same write. ``None``: settled."""
+        columns = totals(self.state, truncated=truncated)
+        if output_object is not None:  # a structured answer (``structured_output``)
+            columns["output_object"] = output_object
         if stop := self._flush():
             return stop
         settled = self._charged(
@@ -200,7 +205,7 @@ class Pauses:
                 reason=reason,
                 output=output,
                 error=error,
-                totals=totals(self.state, truncated=truncated),
+                totals=columns,
                 events=events or (),
             )
         )
@@ -212,7 +217,12 @@ class Pauses:
         return None
 
     def _settle_completed(
-        self, output: str, answered: EventSpec | None, *, truncated: bool
+        self,
+        output: str,
+        answered: EventSpec | None,
+        *,
+        truncated: bool,
+        output_object: Any = None,
     ) -> Stop:
         reason = TerminationReason.MAX_ITERATIONS if truncated else TerminationReason.COMPLETED
         stop = self._settle(
@@ -221,5 +231,28 @@ class Pauses:
             output=output,
             truncated=truncated,
             events=[answered] if answered is not None else None,
+            output_object=output_object,
         )
         return stop or Stop.of(Outcome.COMPLETED, reason=reason)
+
+    def _final_answer(
+        self, content: str, answered: EventSpec | None, *, truncated: bool
+    ) -> Stop | None:
+        """Settle the final answer ``content`` (its event ``answered``, unless already recorded)
+        — unless the configuration's ``output_schema`` refuses it (``structured_output.judge``):
+        the first time it is recorded with what failed and ``None`` says ask again; the next
+        time the run ends ``failed`` / ``bad_output``."""
+        judged = judge(self.config.output_schema, content, self.state)
+        recorded = [answered] if answered is not None else []
+        if judged.repair is not None:
+            return self._boundary([*recorded, judged.repair])
+        if judged.failure is not None:
+            reason = TerminationReason.BAD_OUTPUT
+            error_event = EventSpec(EventKind.ERROR, dict(judged.failure))
+            stop = self._settle(
+                Status.FAILED, reason, error=judged.failure, events=[*recorded, error_event]
+            )
+            return stop or Stop.of(Outcome.FAILED, reason=reason)
+        return self._settle_completed(
+            content, answered, truncated=truncated, output_object=judged.value
+        )

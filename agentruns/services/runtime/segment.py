@@ -357,8 +357,11 @@ class RunSegment(ProviderStep):
         cap = self._round_cap()
         if self.state.turn is None and (recorded := self._answered()) is not None:
             # A final answer recorded before it was settled (a row from before the answer and
-            # its settle became one write): settle from it, never ask the model again.
-            return self._settle_completed(recorded, None, truncated=self.state.iteration >= cap)
+            # its settle became one write): settle from it, never ask the model again (unless
+            # it fails the output schema: sent back, ``_final_answer``).
+            stop = self._final_answer(recorded, None, truncated=self.state.iteration >= cap)
+            if stop is not None:
+                return stop
         while True:
             if self._stopping():
                 return self._hand_back(at="round")
@@ -374,7 +377,9 @@ class RunSegment(ProviderStep):
             reply, answered = answer
             if final or not reply.tool_calls:
                 # The final answer is recorded by the settle itself: one write, no gap.
-                return self._settle_completed(reply.content or "", answered, truncated=final)
+                if stop := self._final_answer(reply.content or "", answered, truncated=final):
+                    return stop
+                continue  # sent back for not matching the output schema: asked again
             # Otherwise the turn was saved with the llm event; the next pass executes it.
 
     def _answered(self) -> str | None:

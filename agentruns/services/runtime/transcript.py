@@ -1,8 +1,9 @@
 """Rebuilding a run's dialogue and loop state from what is stored (docs/design.md §6.5).
 
-The event stream is the transcript: every ``llm`` event becomes an assistant message and every
-``tool`` event a tool message, in sequence order. A continuing segment in any process therefore
-sends the provider exactly what an uninterrupted segment would have sent.
+The event stream is the transcript: every ``llm`` event becomes an assistant message, every
+``tool`` event a tool message and every ``output_check`` event (a final answer sent back,
+``structured_output``) a user message, in sequence order. A continuing segment in any process
+therefore sends the provider exactly what an uninterrupted segment would have sent.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from agentruns.models import AgentRun, AgentRunEvent, EventKind
 from agentruns.providers.base import ToolCall
+from agentruns.services.runtime.structured_output import schema_instruction
 from agentruns.tools import ToolResult
 from agentruns.turns import LoopState, Unreadable
 
@@ -40,11 +42,15 @@ EXPIRED_MESSAGE = (
 
 
 def system_prompt_for(run: AgentRun) -> str:
+    """The request's system prompt, else the configuration's; followed by what the answer must
+    be when the configuration sets an ``output_schema``."""
     request = run.request if isinstance(run.request, dict) else {}
     override = request.get("system_prompt")
-    if isinstance(override, str) and override:
-        return override
-    return run.configuration.system_prompt
+    prompt = override if isinstance(override, str) and override else run.configuration.system_prompt
+    schema = run.configuration.output_schema
+    if schema is None:
+        return prompt
+    return "\n\n".join(part for part in (prompt, schema_instruction(schema)) if part)
 
 
 def opening_messages(run: AgentRun) -> list[dict[str, Any]]:
@@ -80,6 +86,8 @@ def message_for_event(kind: str, payload: Mapping[str, Any]) -> dict[str, Any] |
             "tool_call_id": payload["call_id"],
             "content": tool_message_content(payload),
         }
+    if kind == EventKind.OUTPUT_CHECK:
+        return {"role": "user", "content": str(payload["message"])}
     return None
 
 

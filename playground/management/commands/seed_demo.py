@@ -84,6 +84,16 @@ DEMO_CONFIGURATIONS: list[dict[str, Any]] = [
         "is_active": False,
         "script": [],
     },
+    {
+        "slug": "anthropic",
+        "name": "Anthropic Messages API (edit the model)",
+        "provider": Provider.ANTHROPIC,
+        "model": "claude-sonnet-4-5",
+        "api_key_env": "LEASEHOLD_ANTHROPIC_API_KEY",
+        "max_output_tokens": 4096,
+        "is_active": False,
+        "script": [],
+    },
 ]
 
 

@@ -1,7 +1,7 @@
-"""Decisions per call under concurrency and crashes (docs/design.md §5, §8): a per-call decision
-racing whole-turn decisions (real threads, PostgreSQL): exactly one wins; a process dying
-between two approved calls of one turn (deterministic crash points, both databases): the first
-stays landed and fenced as any approved call, the second runs once or is in doubt."""
+"""A decision per call and a process dying between two approved calls of one turn (docs/design.md
+§5, §8; deterministic crash points, both databases): the first stays landed and fenced as any
+approved call, the second runs once or is in doubt. The race with whole-turn decisions is in
+``tests/agentruns/races/test_call_decisions.py``."""
 
 from __future__ import annotations
 
@@ -13,25 +13,20 @@ import pytest
 from django.db.models.functions import Now
 
 from agentruns import transitions
-from agentruns.exceptions import AlreadyDecided
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status
 from agentruns.services import reaper
 from agentruns.services.reaper import Verdict
 from agentruns.services.runs import run_decide, run_process_queued, run_reconcile, run_start_sync
 from agentruns.services.runtime.results import Outcome
 from agentruns.tools.shown import shown_turn
-from agentruns.turns import CallVerdict, parse_decision, read_pending_turn
-from tests.agentruns.runtime_support import call, config, decider, sent, tool_messages, tool_turn
-from tests.agentruns.test_transition_races import race
+from agentruns.turns import CallVerdict, read_pending_turn
+from tests.agentruns.support.crashes import ProcessDied
+from tests.agentruns.support.runtime import call, config, decider, sent, tool_messages, tool_turn
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("scripted_recordings"),
 ]
-
-
-class ProcessDied(BaseException):
-    """The process vanishing at a crash point: nothing in the runtime catches it."""
 
 
 def waiting(*calls: dict[str, Any]) -> AgentRun:
@@ -53,49 +48,6 @@ def tool_payloads(run: AgentRun) -> list[dict[str, Any]]:
 
 def expire_lease(run: AgentRun) -> None:
     AgentRun.objects.filter(pk=run.pk).update(lease_expires=Now() - timedelta(seconds=1))
-
-
-# --- A per-call decision racing whole-turn decisions -------------------------------------------
-
-
-@pytest.mark.postgres
-@pytest.mark.parametrize("round_", range(3))
-def test_a_per_call_decision_and_whole_turn_decisions_race_and_exactly_one_wins(probes, round_):
-    run = waiting(call("probe_write", value="a"), call("probe_create", value="b"))
-    digest = run.pending_turn["turn_digest"]
-    staff = [decider() for _ in range(6)]
-    per_call = [CallVerdict("call_0_0", "approve"), CallVerdict("call_0_1", "deny", reason="no")]
-
-    def decision(i: int):
-        if i % 2 == 0:
-            return lambda: run_decide(
-                run_uuid=run.uuid, actor=staff[i], turn_digest=digest, verdicts=per_call
-            )
-        return lambda: run_decide(
-            run_uuid=run.uuid, actor=staff[i], turn_digest=digest, approved=i % 4 == 1
-        )
-
-    outcomes = race([decision(i) for i in range(6)])
-
-    won = [i for i, o in enumerate(outcomes) if o.error is None]
-    assert len(won) == 1, outcomes
-    (winner,) = won
-    assert all(type(o.error) is AlreadyDecided for i, o in enumerate(outcomes) if i != winner)
-    row = AgentRun.objects.get(pk=run.pk)
-    assert row.status == Status.QUEUED
-    stored = parse_decision(row.loop_state["decision"])
-    assert stored.decider_id == staff[winner].pk
-    assert (stored.verdicts == tuple(per_call)) is (winner % 2 == 0)
-    assert AgentRunEvent.objects.filter(run=run, kind=EventKind.APPROVAL).count() == 1
-
-    # The worker runs exactly what the winner decided.
-    result = run_process_queued(run_uuid=run.uuid)
-    assert result is not None and result.run.status == Status.COMPLETED
-    ran = [seen["tool"] for seen in probes.seen]
-    if winner % 2 == 0:
-        assert ran == ["probe_write"]
-    else:
-        assert ran == (["probe_write", "probe_create"] if winner % 4 == 1 else [])
 
 
 # --- A crash between two approved calls of one turn --------------------------------------------

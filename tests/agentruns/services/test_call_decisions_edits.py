@@ -21,7 +21,7 @@ from agentruns.services.runtime.results import Outcome
 from agentruns.tools import Tool, ToolContext, registry
 from agentruns.tools.shown import shown_turn
 from agentruns.turns import CallVerdict, Change, Preview, read_pending_turn
-from tests.agentruns.runtime_support import (
+from tests.agentruns.support.runtime import (
     _OBJECT,
     _probe_body,
     assert_contiguous,

@@ -35,7 +35,7 @@ from agentruns.turns import (
     read_pending_turn,
 )
 from tests.agentruns.factories import UserFactory
-from tests.agentruns.runtime_support import (
+from tests.agentruns.support.runtime import (
     DECIDE,
     _probe_body,
     assert_contiguous,
