@@ -30,6 +30,7 @@ from agentruns.models import (
     McpServer,
     McpTransport,
     NotificationState,
+    SlackUser,
     SpendDay,
     SpendHold,
 )
@@ -446,3 +447,15 @@ class SpendHoldAdmin(_ReadOnly):
         "expires_at",
     ]
     list_filter = ["scope"]
+
+
+@admin.register(SlackUser)
+class SlackUserAdmin(admin.ModelAdmin):
+    """Which Django account each Slack user's button presses act as (``manage.py slack_users``
+    keeps the same table). A Slack user with no row decides nothing from Slack."""
+
+    list_display = ["slack_user_id", "user", "created_at"]
+    list_select_related = ["user"]
+    search_fields = ["slack_user_id", "user__username"]
+    raw_id_fields = ["user"]
+    readonly_fields = ["created_at"]

@@ -9,9 +9,12 @@ and who may start a run through Leasehold's own interfaces.
 * **Deny**, **input** and **abandon** need ``agentruns.decide_agentrun``.
 * **Approve** a turn, and say whether an in-doubt call **landed** or **not landed**, need
   ``agentruns.decide_agentrun``, the ``approve_permission`` of every call's tool, and — when the
-  run's configuration names an ``approver_group`` — membership of that group. A call whose tool
-  is not registered (any more) can never be approved: its authority cannot be known (fail
-  closed).
+  run's configuration names an ``approver_group`` — membership of that group, or of the group
+  the wait was escalated to (``AgentRun.escalated_to``). A call whose tool is not registered
+  (any more) can never be approved: its authority cannot be known (fail closed).
+* **Approve from chat** (a Slack button) needs all of that, and also that the configuration
+  allows it (``allow_chat_approval``) and that no preview of the turn failed
+  (``chat_approval_problem``); deny needs no more than elsewhere.
 
 The decision services (``agentruns.services.runs``) check ``approval_authority`` under the run's
 row lock, against the pending turn read from the locked row and the configuration read afresh;
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group
 
 from agentruns.models import AgentConfiguration
 from agentruns.tools import registry
@@ -160,14 +163,17 @@ def approval_authority(
     user: User | Decider | None,
     configuration: AgentConfiguration,
     pending: PendingTurn,
+    escalated_to: Group | None = None,
 ) -> Authority:
     """What approving ``pending`` (an approval turn) or a landed / not landed verdict on it (a
     reconciliation turn) needs, and what ``user`` lacks.
 
     Reads the registry for each call's tool (a name no tool has is missing authority) and
     ``configuration.approver_group`` (select it with the configuration to save a query); a
-    group membership costs one query per ``Decider``. Any other kind of turn (input, unreadable)
-    needs what deciding needs: no control approves it.
+    group membership costs one query per ``Decider``. ``escalated_to``: the group the run's
+    wait was escalated to (``escalation_of``), whose members may approve as the approver
+    group's do. Any other kind of turn (input, unreadable) needs what deciding needs: no
+    control approves it.
     """
     decider = _decider(user)
     deciding = deciding_authority(decider)
@@ -188,9 +194,14 @@ def approval_authority(
             missing.append(f"{act} {call.name} needs {tool.approve_permission}")
     group = configuration.approver_group if configuration.approver_group_id else None
     if group is not None and not decider.in_group(group.pk):
-        missing.append(
-            f"{act} runs of {configuration.slug} needs membership of the group {group.name!r}"
-        )
+        if escalated_to is not None and decider.in_group(escalated_to.pk):
+            group = escalated_to  # the wait was handed to them
+        else:
+            also = f" or of {escalated_to.name!r} (escalated)" if escalated_to is not None else ""
+            missing.append(
+                f"{act} runs of {configuration.slug} needs membership of the group "
+                f"{group.name!r}{also}"
+            )
     return Authority(
         permissions=tuple(dict.fromkeys(permissions)),
         group=group.name if group is not None else None,
@@ -281,6 +292,32 @@ def call_choices(
             verdicts = (DENY, ANSWER, EDIT) if own else (APPROVE, DENY, ANSWER, EDIT)
         choices.append(CallChoices(call.id, verdicts, authority.missing, own))
     return tuple(choices)
+
+
+def escalation_of(run: Any) -> Group | None:
+    """The group ``run``'s current wait was escalated to, or ``None`` (not escalated, not
+    waiting for approval or input, or the group is gone). Reads ``run.escalated_to`` (select it
+    with the run to save a query)."""
+    from agentruns.models import DEADLINE_STATUSES
+
+    if run.status not in DEADLINE_STATUSES or run.escalated_at is None:
+        return None
+    return run.escalated_to if run.escalated_to_id is not None else None
+
+
+def chat_approval_problem(*, configuration: AgentConfiguration, pending: PendingTurn) -> str | None:
+    """Why ``pending`` may not be approved from chat, or ``None`` when it may (the person's
+    authority is checked as everywhere else): the configuration must allow it
+    (``allow_chat_approval``), the turn must be an approval and none of its previews may have
+    failed — a person approving a write whose preview failed reads the whole card first."""
+    if not configuration.allow_chat_approval:
+        return f"{configuration.slug} does not allow approving from chat"
+    if pending.kind != APPROVAL:
+        return "only an approval can be given from chat"
+    for call in pending.calls:
+        if call.preview is not None and not call.preview.ok:
+            return f"the preview of {call.name} failed: read the card before approving"
+    return None
 
 
 def cancel_authority(

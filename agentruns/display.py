@@ -45,6 +45,7 @@ REAPER_VERDICTS = {
     "skipped": "left alone (it was alive)",
     "redispatched": "sent a fresh wake-up",
     "denied": "denied on behalf of the deadline, continued",
+    "escalated": "escalated at the deadline",
 }
 TOOL_OUTCOMES = {
     "executed": "ran",
@@ -60,6 +61,7 @@ TOOL_OUTCOMES = {
 DEADLINE_ACTIONS = {
     "deny": "then it is denied and the run continues",
     "fail": "then the run fails",
+    "escalate": "then it is escalated to another group",
 }
 DEADLINE_OUTCOMES = {
     "deny": "denied, the run continues",
@@ -176,3 +178,17 @@ def writes_first(calls: Any) -> list[tuple[int, Any]]:
 def _reads(call: Any) -> bool:
     effect = call.get("effect") if isinstance(call, dict) else getattr(call, "effect", None)
     return is_read(effect)
+
+
+_UNITS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
+
+
+def duration_text(seconds: float) -> str:
+    """``seconds`` in words, to its two largest units: ``4 hours``, ``1 day, 2 hours``."""
+    left = max(0, round(seconds))
+    parts = []
+    for name, size in _UNITS:
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count} {name}{'s' if count != 1 else ''}")
+    return ", ".join(parts[:2]) or "0 seconds"

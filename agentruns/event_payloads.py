@@ -248,6 +248,20 @@ class BudgetPayload(TypedDict, total=False):
     day: str | None
 
 
+class EscalationPayload(TypedDict, total=False):
+    """``escalation``: nobody decided before the deadline, so the wait was handed to the
+    escalation group with a second deadline (``transitions.escalation``)."""
+
+    turn_digest: str
+    by: str  # "deadline"
+    waited: str  # the status it waited in
+    deadline: str | None  # the first deadline, which passed
+    group: str
+    group_id: int | None
+    timeout_seconds: float  # the second deadline, from the hand-over
+    then: str  # deny or fail, at the second deadline
+
+
 class OutputErrorPayload(TypedDict, total=False):
     """One way a final answer failed its output schema (``SchemaError.as_dict``)."""
 
@@ -280,5 +294,6 @@ PAYLOADS: dict[str, type] = {
     EventKind.IN_DOUBT: InDoubtPayload,
     EventKind.CHECK: CheckPayload,
     EventKind.BUDGET: BudgetPayload,
+    EventKind.ESCALATION: EscalationPayload,
     EventKind.OUTPUT_CHECK: OutputCheckPayload,
 }

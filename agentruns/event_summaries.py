@@ -22,6 +22,7 @@ from agentruns.event_payloads import (
     CancelPayload,
     CheckPayload,
     ErrorPayload,
+    EscalationPayload,
     InDoubtPayload,
     InputPayload,
     LeasePayload,
@@ -185,6 +186,18 @@ def budget(p: BudgetPayload) -> str:
     return text[:1].upper() + text[1:]
 
 
+def escalation(p: EscalationPayload) -> str:
+    then = display.lookup(display.DEADLINE_OUTCOMES, p.get("then"))
+    seconds = p.get("timeout_seconds")
+    within = (
+        f" for {display.duration_text(seconds)}"
+        if isinstance(seconds, int | float) and not isinstance(seconds, bool)
+        else ""
+    )
+    group = p.get("group") or "?"
+    return f"Escalated: nobody decided in time — handed to {group}{within}, then {then}"
+
+
 def output_check(p: OutputCheckPayload) -> str:
     errors: Any = p.get("errors")
     errors = errors if isinstance(errors, list) else []
@@ -211,6 +224,7 @@ SUMMARIES: dict[str, Callable[[Any], str]] = {
     EventKind.IN_DOUBT: in_doubt,
     EventKind.CHECK: check,
     EventKind.BUDGET: budget,
+    EventKind.ESCALATION: escalation,
     EventKind.OUTPUT_CHECK: output_check,
 }
 

@@ -187,3 +187,48 @@ class LedgerKeyUnavailable(LeaseholdError):
 
     code = "ledger_key_unavailable"
     status = 503
+
+
+class ReviewLinkInvalid(LeaseholdError):
+    """This review link is not valid: it was altered, or made for another run."""
+
+    code = "review_link_invalid"
+    status = 404
+
+
+class ReviewLinkForAnotherAccount(LeaseholdError):
+    """This review link was sent to another account: sign in as its recipient, or use the inbox."""
+
+    code = "review_link_another_account"
+    status = 403
+
+
+class ReviewLinkExpired(LeaseholdError):
+    """This review link has expired: open the run from the inbox."""
+
+    code = "review_link_expired"
+    status = 410
+
+
+class ChatUserUnknown(LeaseholdError):
+    """Your Slack account is not linked to a Leasehold account, so it decides nothing.
+
+    An administrator links it in the admin or with ``manage.py slack_users link``."""
+
+    def __init__(self, message: str | None = None, **detail: Any) -> None:
+        super().__init__(
+            message
+            or "Your Slack account is not linked to a Leasehold account, so it decides nothing: "
+            "ask an administrator to link it (manage.py slack_users link USERNAME SLACK_USER_ID).",
+            **detail,
+        )
+
+    code = "chat_user_unknown"
+    status = 403
+
+
+class ChatApprovalRefused(LeaseholdError):
+    """This turn cannot be approved from chat: open it and decide from its card."""
+
+    code = "chat_approval_refused"
+    status = 403

@@ -28,9 +28,11 @@ from agentruns.authority import (
     Decider,
     approval_authority,
     deciding_authority,
+    escalation_of,
 )
 from agentruns.conf import app_settings
 from agentruns.models import AgentRun, Status
+from agentruns.review_links import review_token
 from agentruns.tools.shown import shown_turn
 from agentruns.turns import APPROVAL, INPUT, RECONCILIATION, PendingTurn, read_pending_turn
 from agentruns.turns.checks import LEFT_TO_PERSON
@@ -103,17 +105,23 @@ def waiting_items() -> list[Item]:
     check leaves it to a person."""
     runs = (
         AgentRun.objects.filter(status__in=WAITING_FOR_A_PERSON)
-        .select_related("configuration__approver_group")
+        .select_related("configuration__approver_group", "escalated_to")
         .order_by("updated_at", "pk")
     )
-    items = []
-    for run in runs:
-        pending = shown_turn(run, read_pending_turn(run))  # as its card shows it
-        if pending.check is not None and pending.check.state != LEFT_TO_PERSON:
-            continue  # the tool's own check is still asking whether it landed: nobody to tell yet
-        key = f"{run.pk}:{run.status}:{pending.turn_digest}"
-        items.append(Item(key=key, run=run, pending=pending, since=run.updated_at))
-    return items
+    return [item for item in map(item_for, runs) if item is not None]
+
+
+def item_for(run: AgentRun) -> Item | None:
+    """``run``'s wait as an item (its turn as its card shows it), or ``None`` when there is
+    nobody to tell yet (its tool's own check still asks whether an in-doubt write landed). An
+    escalated wait is a new item: its group, and everyone else who may decide, hear of it."""
+    pending = shown_turn(run, read_pending_turn(run))  # as its card shows it
+    if pending.check is not None and pending.check.state != LEFT_TO_PERSON:
+        return None
+    key = f"{run.pk}:{run.status}:{pending.turn_digest}"
+    if escalation_of(run) is not None:
+        key += f":escalated:{run.escalated_to_id}"
+    return Item(key=key, run=run, pending=pending, since=run.updated_at)
 
 
 def candidates() -> QuerySet[AbstractBaseUser]:
@@ -147,7 +155,10 @@ def may_be_told(decider: Decider, item: Item) -> bool:
         return False
     if item.pending.kind in (APPROVAL, RECONCILIATION):
         authority = approval_authority(
-            user=decider, configuration=item.run.configuration, pending=item.pending
+            user=decider,
+            configuration=item.run.configuration,
+            pending=item.pending,
+            escalated_to=escalation_of(item.run),
         )
     else:
         authority = deciding_authority(decider)
@@ -174,6 +185,25 @@ def card_link(run: AgentRun) -> str:
     return site_link(f"/{quote(str(run.uuid))}")
 
 
+def review_link(
+    item: Item, *, user_id: int | None = None, configuration_id: int | None = None
+) -> str:
+    """The absolute signed link to review ``item`` (``agentruns.review_links``), for one person
+    (``user_id``) or one configuration's channel (``configuration_id``): it opens the run's
+    card with its verdict buttons, and decides nothing. The card's link when the project does
+    not mount the approvals inbox."""
+    token = review_token(
+        run=item.run,
+        turn_digest=item.pending.turn_digest,
+        user_id=user_id,
+        configuration_id=configuration_id,
+    )
+    try:
+        return site_link(reverse("approvals:review", args=[item.run.uuid, token]))
+    except NoReverseMatch:
+        return card_link(item.run)
+
+
 def inbox_link() -> str:
     try:
         return site_link(reverse("approvals:inbox"))
@@ -181,11 +211,18 @@ def inbox_link() -> str:
         return site_link("/")
 
 
-def _when(moment: datetime) -> str:
+def when_text(moment: datetime) -> str:
     """``moment`` in UTC, to the minute (a naive value, from USE_TZ=False, as it is)."""
     if moment.tzinfo is None:
         return moment.strftime("%Y-%m-%d %H:%M")
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _escalated(item: Item) -> str:
+    group = escalation_of(item.run)
+    if group is None or item.run.escalated_at is None:
+        return ""
+    return f"; escalated to {plain(group.name, 40)} at {when_text(item.run.escalated_at)}"
 
 
 @dataclass(frozen=True)
@@ -194,10 +231,12 @@ class Message:
     body: str
 
 
-def email_digest(*, name: str, new: list[Item], still_waiting: int) -> Message:
+def email_digest(
+    *, name: str, new: list[Item], still_waiting: int, recipient_id: int | None = None
+) -> Message:
     """The email to one person: the waits they were not told about yet, each with its card's
-    link, and how many they were told about before still wait. Plain text; the subject holds
-    only a count."""
+    link (and, for ``recipient_id``, the signed link to review and decide it), and how many
+    they were told about before still wait. Plain text; the subject holds only a count."""
     count = len(new)
     subject = (
         f"Leasehold: {count} run{'s' if count != 1 else ''} wait{'' if count != 1 else 's'} for you"
@@ -206,10 +245,12 @@ def email_digest(*, name: str, new: list[Item], still_waiting: int) -> Message:
     for number, item in enumerate(new[:ITEMS_LISTED], start=1):
         lines += [
             f"{number}. {item.label}: {item.what}",
-            f"   waiting since {_when(item.since)}",
+            f"   waiting since {when_text(item.since)}{_escalated(item)}",
             f"   {card_link(item.run)}",
-            "",
         ]
+        if recipient_id is not None:
+            lines.append(f"   review and decide: {review_link(item, user_id=recipient_id)}")
+        lines.append("")
     if count > ITEMS_LISTED:
         lines += [f"... and {count - ITEMS_LISTED} more.", ""]
     if still_waiting:
@@ -228,6 +269,32 @@ def email_digest(*, name: str, new: list[Item], still_waiting: int) -> Message:
     return Message(subject=subject, body="\n".join(lines) + "\n")
 
 
+def escalation_email(*, name: str, item: Item, recipient_id: int) -> Message:
+    """The email telling one member of the escalation group, at once, that ``item`` was
+    escalated to them: what waits, until when, and the signed link to review and decide it.
+    The subject holds no chosen text."""
+    group = escalation_of(item.run)
+    deadline = item.run.approval_deadline
+    lines = [
+        f"Hello {plain(name, 40)},",
+        "",
+        "Nobody decided this run before its deadline, so it was escalated to "
+        f"{plain(group.name if group else '?', 40)}, a group you are in:",
+        "",
+        f"{item.label}: {item.what}",
+        f"waiting since {when_text(item.since)}",
+    ]
+    if deadline is not None:
+        lines.append(f"decide before {when_text(deadline)}")
+    lines += [
+        "",
+        f"Review and decide: {review_link(item, user_id=recipient_id)}",
+        f"The run: {card_link(item.run)}",
+        "",
+    ]
+    return Message(subject="Leasehold: a run was escalated to you", body="\n".join(lines) + "\n")
+
+
 def webhook_text(*, label: str, new: list[Item]) -> str:
     """A configuration's webhook message (Slack's ``text``): its new waits, one line each with
     the card's link; chosen text escaped for Slack's markup."""
@@ -239,7 +306,7 @@ def webhook_text(*, label: str, new: list[Item]) -> str:
     lines = [slack_escaped(head)]
     for item in new[:ITEMS_LISTED]:
         lines.append(
-            slack_escaped(f"• {item.what}, since {_when(item.since)}: {card_link(item.run)}")
+            slack_escaped(f"• {item.what}, since {when_text(item.since)}: {card_link(item.run)}")
         )
     if count > ITEMS_LISTED:
         lines.append(f"… and {count - ITEMS_LISTED} more")

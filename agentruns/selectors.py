@@ -93,7 +93,9 @@ def run_get(*, run_uuid: UUID | str, user: User | None) -> AgentRun:
     try:
         return visible_runs(
             user=user,
-            queryset=AgentRun.objects.select_related("configuration__approver_group", "initiator"),
+            queryset=AgentRun.objects.select_related(
+                "configuration__approver_group", "initiator", "escalated_to"
+            ),
         ).get(uuid=run_uuid)
     except (AgentRun.DoesNotExist, ValidationError, ValueError):
         raise RunNotFound() from None
@@ -195,7 +197,7 @@ def inbox_runs(*, user: User | None, kind: str | None = None) -> QuerySet[AgentR
     return (
         visible_runs(user=user)
         .filter(status__in=statuses)
-        .select_related("configuration__approver_group", "initiator")
+        .select_related("configuration__approver_group", "initiator", "escalated_to")
         .order_by("created_at", "pk")
     )
 

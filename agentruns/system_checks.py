@@ -9,6 +9,7 @@ call may outlast django-q2's task timeout). Reads settings only: never the datab
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -84,3 +85,40 @@ def check_ledger_key(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
             id="agentruns.E010",
         )
     ]
+
+
+@register()
+def check_slack(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Slack interactivity (``agentruns.chat``), when ``LEASEHOLD_SLACK_SIGNING_SECRET`` is set:
+    ``agentruns.E020`` its name is refused by ``SECRET_ENV_PREFIXES`` (the endpoint stays off);
+    ``agentruns.W020`` ``SITE_URL`` is empty, so messages carry no *Open* button and their
+    links are paths. Reads the environment and settings only."""
+    from agentruns.chat.slack_requests import SIGNING_SECRET_ENV
+    from agentruns.secrets import secret_env_problem
+
+    if not os.environ.get(SIGNING_SECRET_ENV):
+        return []
+    try:
+        read = conf.app_settings()
+        problem = secret_env_problem(SIGNING_SECRET_ENV)
+    except ImproperlyConfigured:
+        return []  # check_agentruns_settings reports it
+    if problem is not None:
+        return [
+            Error(
+                f"Slack interactivity is off: {problem}.",
+                hint="Add LEASEHOLD_ to AGENTRUNS['SECRET_ENV_PREFIXES'], or unset the variable.",
+                id="agentruns.E020",
+            )
+        ]
+    if not read.site_url:
+        return [
+            Warning(
+                "AGENTRUNS_SITE_URL is empty: Slack messages get no Open button (Slack refuses "
+                "a relative link) and their review links are paths.",
+                hint="Set AGENTRUNS_SITE_URL to the site's base URL, e.g. https://leasehold.example",
+                obj=OBJ,
+                id="agentruns.W020",
+            )
+        ]
+    return []

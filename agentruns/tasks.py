@@ -35,3 +35,9 @@ def notify_waiting() -> str:
     """The scheduled notification pass (``setup_schedules`` with ``NOTIFY_INTERVAL`` above 0);
     returns its summary line. Duplicates are harmless: each recipient's digest is claimed."""
     return notifications.notifications_send().summary()
+
+
+def notify_escalated(run_uuid: str) -> str:
+    """Tell the group a run's wait was escalated to, at once (``deadline_sweep``); returns a
+    summary line. Harmless twice: a person told already is not told again."""
+    return notifications.notify_escalated(run_uuid=run_uuid).summary()

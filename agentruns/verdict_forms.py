@@ -21,7 +21,7 @@ from typing import Any
 
 from django import forms
 
-from agentruns.authority import CallChoices, Decider, call_choices
+from agentruns.authority import Authority, CallChoices, Decider, call_choices
 from agentruns.input_forms import InputSpec, InputValuesForm, input_spec
 from agentruns.jsonview import pretty_arguments
 from agentruns.models import AgentRun
@@ -273,6 +273,13 @@ def turn_call_forms(
         prefix=prefix,
         data=data,
     )
+
+
+def approves_all(authority: Authority, forms: Sequence[CallForm]) -> bool:
+    """Whether a card offers *Approve all*: the reader may approve the whole turn (``authority``:
+    ``approval_authority``, the whole-turn rule the service checks, an escalation group
+    included) and four-eyes keeps no call from them."""
+    return bool(forms) and authority.allowed and not any(f.choices.self_approval for f in forms)
 
 
 def decision_arguments(decision: str, forms: Sequence[CallForm]) -> dict[str, Any] | None:

@@ -11,20 +11,25 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from agentruns.authority import Authority, Decider, approval_authority, cancel_authority
+from agentruns.authority import (
+    Authority,
+    Decider,
+    approval_authority,
+    cancel_authority,
+    escalation_of,
+)
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.models import DEADLINE_STATUSES, AgentRun, Status
 from agentruns.tools.shown import shown_turn
 from agentruns.turns import (
     APPROVAL,
-    APPROVE,
     INPUT,
     RECONCILIATION,
     PendingTurn,
     read_pending_turn,
     waits_for_a_human,
 )
-from agentruns.verdict_forms import CallForm, turn_call_forms
+from agentruns.verdict_forms import CallForm, approves_all, turn_call_forms
 
 
 @dataclass
@@ -47,8 +52,8 @@ class Card:
 
     @property
     def approve_all(self) -> bool:
-        """Whether *Approve all* is offered: the reader may approve every call."""
-        return bool(self.call_forms) and all(f.choices.allows(APPROVE) for f in self.call_forms)
+        """Whether *Approve all* is offered (``verdict_forms.approves_all``)."""
+        return self.authority is not None and approves_all(self.authority, self.call_forms)
 
     @property
     def may_decide(self) -> bool:
@@ -72,6 +77,12 @@ class Card:
         return self.run.approval_deadline
 
     @property
+    def escalated(self) -> bool:
+        """Whether the wait's first deadline handed it to the escalation group
+        (``run.escalated_to``, ``run.escalated_at``), which may decide it now."""
+        return self.run.status in DEADLINE_STATUSES and self.run.escalated_at is not None
+
+    @property
     def template(self) -> str:
         return f"approvals/cards/{self.pending.kind}.html"
 
@@ -93,7 +104,10 @@ def card_for(run: AgentRun, *, reader: Decider, data: Any | None = None) -> Card
         card.spec, card.form = input_form_for(card.pending, prefix=card.form_id)
     elif card.kind in (APPROVAL, RECONCILIATION):
         card.authority = approval_authority(
-            user=reader, configuration=run.configuration, pending=card.pending
+            user=reader,
+            configuration=run.configuration,
+            pending=card.pending,
+            escalated_to=escalation_of(run),
         )
     if card.kind == APPROVAL:
         card.call_forms = turn_call_forms(

@@ -49,7 +49,7 @@ REFUSALS: dict[type[LeaseholdError], str] = {
     StaleTurn: "The pending action changed — review again.",
     AlreadyDecided: "Someone already decided this — nothing was changed.",
     ApprovalExpired: "Its approval deadline has passed — nothing was changed. The reaper settles "
-    "it at its next pass, as its configuration says (deny or fail).",
+    "it at its next pass, as its configuration says (deny, fail or escalate).",
     SelfApprovalRefused: "A colleague must approve; you may deny.",
     NotWaiting: "This run is not waiting for that decision anymore{status} — nothing was changed.",
     RunNotFound: "That run does not exist.",

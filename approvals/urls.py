@@ -29,5 +29,6 @@ urlpatterns = [
         _staff(decision_views.reconcile),
         name="reconcile",
     ),
+    path("runs/<uuid:run_uuid>/review/<str:token>/", _staff(views.review), name="review"),
     path("runs/<uuid:run_uuid>/cancel/", _staff(views.cancel), name="cancel"),
 ]

@@ -29,9 +29,15 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods
 
-from agentruns import audit, selectors
+from agentruns import audit, review_links, selectors
 from agentruns.authority import Decider
-from agentruns.exceptions import InvalidRequest, LeaseholdError
+from agentruns.exceptions import (
+    InvalidRequest,
+    LeaseholdError,
+    ReviewLinkExpired,
+    ReviewLinkForAnotherAccount,
+    ReviewLinkInvalid,
+)
 from agentruns.models import AgentRun
 from agentruns.services import runs
 from agentruns.turns import APPROVAL
@@ -201,6 +207,41 @@ def run_audit(request: HttpRequest, run_uuid: UUID) -> HttpResponseBase:
     response = StreamingHttpResponse(audit.export_lines(run), content_type="application/jsonl")
     response["Content-Disposition"] = f'attachment; filename="{audit.export_filename(run)}"'
     return response
+
+
+@require_GET
+def review(request: HttpRequest, run_uuid: UUID, token: str) -> HttpResponse:
+    """A notification's signed link (``agentruns.review_links``): the run's whole card with its
+    verdict buttons, when the link is the reader's and the turn it announced still waits; else
+    why not (another account, expired, changed or decided), with the way to the run. Opening it
+    decides nothing: the card's buttons post to ``decide`` (CSRF-protected)."""
+    run_url = reverse("approvals:run", args=[run_uuid])
+    try:
+        opened = review_links.review_open(token=token, run_uuid=run_uuid, user=request.user)
+    except (ReviewLinkInvalid, ReviewLinkForAnotherAccount, ReviewLinkExpired) as exc:
+        return render(
+            request,
+            "approvals/review.html",
+            _context(request, title="Review link", refusal=exc, run_url=run_url),
+            status=exc.status,
+        )
+    except LeaseholdError as exc:
+        return refused(request, exc, run=run_uuid)
+    reader = Decider(request.user)
+    card = card_for(opened.run, reader=reader) if opened.state == review_links.WAITING else None
+    return render(
+        request,
+        "approvals/review.html",
+        _context(
+            request,
+            title=f"Review run {opened.run.uuid}",
+            review=opened,
+            run=opened.run,
+            card=card,
+            run_url=run_url,
+            next=run_url,
+        ),
+    )
 
 
 @require_http_methods(["GET", "POST"])

@@ -23,4 +23,6 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("api/", include("agentruns.api.urls")),
     path("playground/", include("playground.urls")),
+    # Slack's interactivity (README "Deciding from email and Slack"): off without its secret.
+    path("integrations/slack/", include("agentruns.chat.slack_urls")),
 ]

@@ -9,13 +9,19 @@ from __future__ import annotations
 from typing import Any
 
 from agentruns import display
-from agentruns.authority import Authority, Decider, approval_authority, cancel_authority
+from agentruns.authority import (
+    Authority,
+    Decider,
+    approval_authority,
+    cancel_authority,
+    escalation_of,
+)
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.jsonview import pretty_arguments
 from agentruns.models import AgentRun, Status
 from agentruns.tools.shown import shown_turn
-from agentruns.turns import APPROVAL, APPROVE, INPUT, read_pending_turn, waits_for_a_human
-from agentruns.verdict_forms import CallForm, turn_call_forms
+from agentruns.turns import APPROVAL, INPUT, read_pending_turn, waits_for_a_human
+from agentruns.verdict_forms import CallForm, approves_all, turn_call_forms
 from playground import trace
 
 INPUT_PREFIX = "value"  # the input form's field names: value-f0, value-f1, …
@@ -76,10 +82,14 @@ def pending_context(
             for index, c in display.writes_first(turn.calls)
         ]
         context["preview_is_snapshot"] = run.configuration.preview_is_snapshot
-        context["authority"] = approval_authority(
-            user=reader, configuration=run.configuration, pending=turn
+        authority = approval_authority(
+            user=reader,
+            configuration=run.configuration,
+            pending=turn,
+            escalated_to=escalation_of(run),
         )
-        context["approve_all"] = all(f.choices.allows(APPROVE) for f in forms)
+        context["authority"] = authority
+        context["approve_all"] = approves_all(authority, forms)
         context["may_decide"] = any(f.choices.verdicts for f in forms)
         context["verdict_problems"] = [f for f in forms if f.has_problems]
     elif turn.kind == INPUT and turn.call is not None:

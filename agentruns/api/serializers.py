@@ -8,6 +8,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from agentruns import budgets
+from agentruns.authority import escalation_of
 from agentruns.models import (
     DEADLINE_STATUSES,
     AgentRun,
@@ -224,10 +225,20 @@ class PendingTurnSerializer(serializers.Serializer):
         "reconciliation.",
     )
     on_deadline = serializers.ChoiceField(
-        choices=["deny", "fail"],
+        choices=["deny", "fail", "escalate"],
         allow_null=True,
         help_text="What happens at the deadline: deny (the model is told it expired and the run "
-        "continues) or fail (the run ends failed / approval_expired); null: no deadline.",
+        "continues), fail (the run ends failed / approval_expired) or escalate (the wait is "
+        "handed to the configuration's escalation group, with a second deadline); null: no "
+        "deadline.",
+    )
+    escalated_to = serializers.CharField(
+        allow_null=True,
+        help_text="approval and input: the group the wait was escalated to at its first "
+        "deadline (its members may decide it now); null: not escalated.",
+    )
+    escalated_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the wait was escalated; null: not escalated."
     )
 
 
@@ -268,12 +279,19 @@ def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
 
 def _deadline_view(run: AgentRun) -> dict[str, Any]:
     """The approval deadline of a run waiting for approval or input (docs/design.md §5.11)."""
+    group = escalation_of(run)
+    at = run.escalated_at if group is not None else None
+    escalated = {
+        "escalated_to": group.name if group is not None else None,
+        "escalated_at": serializers.DateTimeField().to_representation(at) if at else None,
+    }
     if run.status not in DEADLINE_STATUSES or run.approval_deadline is None:
-        return {"deadline": None, "on_deadline": None}
+        return {"deadline": None, "on_deadline": None, **escalated}
     action = run.approval_timeout_action
     return {
         "deadline": serializers.DateTimeField().to_representation(run.approval_deadline),
         "on_deadline": action if action in ApprovalTimeoutAction.values else "fail",
+        **escalated,
     }
 
 

@@ -4,7 +4,8 @@
 - ``configuration``: ``AgentConfiguration``;
 - ``runs``: ``AgentRun`` and its append-only ``AgentRunEvent`` stream;
 - ``mcp``: ``McpServer``, a registered remote tool server;
-- ``bookkeeping``: ``Counter``, ``NotificationState``, ``SpendDay`` and ``SpendHold``.
+- ``bookkeeping``: ``Counter``, ``NotificationState``, ``SpendDay`` and ``SpendHold``;
+- ``chat_accounts``: ``SlackUser``, a Slack user mapped to the account its buttons act as.
 
 Import from here (``from agentruns.models import AgentRun``): every name is re-exported.
 Status, lease and fence columns are written only by ``agentruns.transitions``; nothing else may
@@ -16,6 +17,7 @@ Status, lease and fence columns are written only by ``agentruns.transitions``; n
 # isort: off
 from agentruns.models.choices import (
     DEADLINE_STATUSES,
+    FINAL_TIMEOUT_ACTIONS,
     TERMINAL_STATUSES,
     WAITING_STATUSES,
     WRITE_EFFECTS,
@@ -43,10 +45,12 @@ from agentruns.models.bookkeeping import (
     SpendHold,
     SpendScope,
 )
+from agentruns.models.chat_accounts import SlackUser
 # isort: on
 
 __all__ = [
     "DEADLINE_STATUSES",
+    "FINAL_TIMEOUT_ACTIONS",
     "MCP_SERVER_NAME_MAX",
     "MCP_SERVER_NAME_RE",
     "TERMINAL_STATUSES",
@@ -65,6 +69,7 @@ __all__ = [
     "NotificationState",
     "Provider",
     "Segment",
+    "SlackUser",
     "SpendDay",
     "SpendHold",
     "SpendScope",

@@ -87,6 +87,13 @@ class AgentRun(models.Model):
     approval_timeout_action = models.CharField(
         max_length=8, choices=ApprovalTimeoutAction.choices, blank=True
     )
+    # The escalation of the current wait (``transitions.escalation``): when its first deadline
+    # handed it to whom. Written with the second deadline; cleared when the run next suspends.
+    # Meaningful only while the run waits for approval or input.
+    escalated_at = models.DateTimeField(null=True, blank=True)
+    escalated_to = models.ForeignKey(
+        "auth.Group", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     # The sequence the run's next event takes (its last event's + 1; 0 with none): advanced by
     # the same guarded statement or transaction that appends events, so no writer reads
     # ``MAX(sequence)`` (docs/design.md §1.8).

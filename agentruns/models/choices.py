@@ -90,6 +90,9 @@ class EventKind(models.TextChoices):
     CHECK = "check", "automatic check"
     # A provider call was refused before it was made: a daily budget is spent (``budgets``).
     BUDGET = "budget", "budget"
+    # Nobody decided before the deadline: the wait was handed to the escalation group, with a
+    # second deadline (``transitions.escalation``).
+    ESCALATION = "escalation", "escalation"
     # A final answer did not match the configuration's ``output_schema``: the model is told what
     # failed (``structured_output``) and answers once more.
     OUTPUT_CHECK = "output_check", "output check"
@@ -100,6 +103,11 @@ class ApprovalTimeoutAction(models.TextChoices):
 
     DENY = "deny", "deny the turn (the model is told it expired) and continue the run"
     FAIL = "fail", "end the run failed (approval_expired)"
+    ESCALATE = "escalate", "hand it to the escalation group, with a second deadline"
+
+
+#: What may end a wait for good (``on_escalation_timeout``: after an escalation, never another).
+FINAL_TIMEOUT_ACTIONS = (ApprovalTimeoutAction.DENY, ApprovalTimeoutAction.FAIL)
 
 
 class Segment(models.TextChoices):

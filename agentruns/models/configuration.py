@@ -13,7 +13,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from agentruns.models.choices import ApprovalTimeoutAction, Provider
+from agentruns.models.choices import FINAL_TIMEOUT_ACTIONS, ApprovalTimeoutAction, Provider
 from agentruns.secrets import secret_env_problem
 from agentruns.storable import json_problem
 
@@ -98,7 +98,32 @@ class AgentConfiguration(models.Model):
         max_length=8,
         choices=ApprovalTimeoutAction.choices,
         default=ApprovalTimeoutAction.DENY,
-        help_text="What happens at the deadline: deny the turn and continue, or fail the run.",
+        help_text="What happens at the deadline: deny the turn and continue, fail the run, or "
+        "escalate: hand it to the escalation group with a second deadline.",
+    )
+    escalation_group = models.ForeignKey(
+        "auth.Group",
+        null=True,
+        blank=True,
+        # Named here, it cannot be deleted: an escalation must always have someone to go to.
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="With on_approval_timeout = escalate: who is asked at the deadline. Its members "
+        "are notified at once and may decide (beside the approver group), with the tools' "
+        "permissions as always.",
+    )
+    escalation_timeout = models.DurationField(
+        null=True,
+        blank=True,
+        help_text="With on_approval_timeout = escalate: how long the escalation group has, from "
+        "the first deadline (e.g. 04:00:00 for four hours).",
+    )
+    on_escalation_timeout = models.CharField(
+        max_length=8,
+        choices=[(action.value, action.label) for action in FINAL_TIMEOUT_ACTIONS],
+        default=ApprovalTimeoutAction.DENY,
+        blank=True,  # a form that does not show it keeps the default (``clean``)
+        help_text="What happens when the escalation group did not decide either: deny or fail.",
     )
     script = models.JSONField(
         default=list, blank=True, help_text="Turns for the scripted provider."
@@ -118,6 +143,12 @@ class AgentConfiguration(models.Model):
             'Slack-compatible {"text": …} here (at most once per AGENTRUNS NOTIFY_INTERVAL). '
             "Its host must be in AGENTRUNS['WEBHOOK_ALLOWLIST']."
         ),
+    )
+    allow_chat_approval = models.BooleanField(
+        default=False,
+        help_text="Let people approve this configuration's runs from chat (the Slack buttons of "
+        "the webhook's message), for turns whose previews did not fail. Off: chat offers Deny "
+        "and Open only.",
     )
     is_active = models.BooleanField(default=True)
     # Cost (agentruns.budgets): prices in AGENTRUNS["COST_CURRENCY"]; empty = not priced.
@@ -254,7 +285,30 @@ class AgentConfiguration(models.Model):
         if self.approval_timeout is not None and self.approval_timeout <= timedelta(0):
             errors["approval_timeout"] = "A deadline must be a positive duration (or empty: none)."
         if self.on_approval_timeout not in ApprovalTimeoutAction.values:
-            errors["on_approval_timeout"] = "Choose deny or fail."
+            errors["on_approval_timeout"] = "Choose deny, fail or escalate."
+        if not self.on_escalation_timeout:
+            self.on_escalation_timeout = ApprovalTimeoutAction.DENY
+        if self.on_escalation_timeout not in FINAL_TIMEOUT_ACTIONS:
+            errors["on_escalation_timeout"] = "Choose deny or fail."
+        self._check_escalation(errors)
+
+    def _check_escalation(self, errors: dict[str, str]) -> None:
+        """Escalating needs a deadline to escalate at, a group to escalate to and a second
+        deadline, positive and within ``MAX_APPROVAL_TIMEOUT``."""
+        timeout = self.escalation_timeout
+        if timeout is not None and not timedelta(0) < timeout <= MAX_APPROVAL_TIMEOUT:
+            errors["escalation_timeout"] = (
+                f"A second deadline is a positive duration, at most {MAX_APPROVAL_TIMEOUT.days} "
+                "days away."
+            )
+        if self.on_approval_timeout != ApprovalTimeoutAction.ESCALATE:
+            return
+        if self.approval_timeout is None:
+            errors.setdefault("approval_timeout", "Escalating needs a deadline to escalate at.")
+        if self.escalation_group_id is None:
+            errors["escalation_group"] = "Escalating needs a group to escalate to."
+        if timeout is None:
+            errors.setdefault("escalation_timeout", "Escalating needs a second deadline.")
 
     def _check_webhook(self, errors: dict[str, str]) -> None:
         if self.notify_webhook_url:

@@ -21,6 +21,7 @@ from agentruns.authority import (
     Decider,
     approval_authority,
     deciding_authority,
+    escalation_of,
     self_approval,
 )
 from agentruns.exceptions import (
@@ -141,7 +142,10 @@ def _require_authority(actor: User, run: AgentRun, configuration: AgentConfigura
     not the permissions cached on ``actor`` when the decision started).
     """
     authority = approval_authority(
-        user=Decider.afresh(actor), configuration=configuration, pending=read_pending_turn(run)
+        user=Decider.afresh(actor),
+        configuration=configuration,
+        pending=read_pending_turn(run),
+        escalated_to=escalation_of(run),
     )
     if not authority.allowed:
         raise NotPermitted(authority.refusal)

@@ -36,13 +36,22 @@ from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
 from django.db.models.functions import Now
 
 from agentruns.authority import Decider
+from agentruns.chat.slack_blocks import webhook_blocks
 from agentruns.conf import app_settings
 from agentruns.metrics import NOTIFICATION_FAILURES, NOTIFICATIONS_SENT, counters_add
-from agentruns.models import AgentConfiguration, NotificationChannel, NotificationState
+from agentruns.models import (
+    DEADLINE_STATUSES,
+    AgentConfiguration,
+    AgentRun,
+    NotificationChannel,
+    NotificationState,
+)
 from agentruns.notification_text import (
     Item,
     candidates,
     email_digest,
+    escalation_email,
+    item_for,
     may_be_told,
     waiting_items,
     webhook_text,
@@ -116,7 +125,10 @@ def _email_everyone(items: list[Item], interval: int, report: NotifyReport) -> N
             continue
         address = getattr(user, user.get_email_field_name(), "")
         message = email_digest(
-            name=user.get_username(), new=new, still_waiting=len(mine) - len(new)
+            name=user.get_username(),
+            new=new,
+            still_waiting=len(mine) - len(new),
+            recipient_id=user.pk,
         )
         try:
             EmailMessage(subject=message.subject, body=message.body, to=[address]).send()
@@ -161,10 +173,11 @@ def _post_webhooks(items: list[Item], interval: int, report: NotifyReport) -> No
             report.deferred += 1
             continue
         text = webhook_text(label=str(configuration), new=new)
+        blocks = webhook_blocks(label=str(configuration), new=new)
         try:
             answer = post_json(
                 configuration.notify_webhook_url,
-                {"text": text},
+                {"text": text, "blocks": blocks},
                 allowlist=list(app_settings().webhook_allowlist),
                 timeout=app_settings().notify_webhook_timeout_seconds,
             )
@@ -185,6 +198,73 @@ def _post_webhooks(items: list[Item], interval: int, report: NotifyReport) -> No
         report.sent[NotificationChannel.WEBHOOK] = (
             report.sent.get(NotificationChannel.WEBHOOK, 0) + 1
         )
+
+
+# --- Escalations ---------------------------------------------------------------------------------
+
+
+@dataclass
+class EscalationReport:
+    """What telling an escalation group did."""
+
+    told: int = 0
+    failed: int = 0
+    already: int = 0  # members told of this wait before (a duplicate task)
+
+    def summary(self) -> str:
+        return f"escalation: told {self.told}, failed {self.failed}, told before {self.already}"
+
+
+def notify_escalated(*, run_uuid: str) -> EscalationReport:
+    """Tell each member of the group ``run_uuid``'s wait was escalated to, at once (no interval,
+    no claim: an escalation is rare and urgent), by email with their signed review link: the
+    members ``candidates`` holds who ``may_be_told`` about it. Each one told is remembered in
+    their ``told`` (guarded by their row's ``claim``: if a digest claimed it meanwhile, that
+    digest's record wins and they may hear of it twice, never not at all); one told before is
+    skipped, so a duplicate task tells nobody twice. Nothing when the run no longer waits
+    escalated or email is off."""
+    report = EscalationReport()
+    run = (
+        AgentRun.objects.filter(uuid=run_uuid, status__in=list(DEADLINE_STATUSES))
+        .select_related("configuration__approver_group", "escalated_to")
+        .first()
+    )
+    if run is None or run.escalated_to_id is None or not app_settings().notify_email:
+        return report
+    item = item_for(run)
+    if item is None:
+        return report
+    members = candidates()
+    if "groups" not in {field.name for field in members.model._meta.get_fields()}:
+        return report  # a user model without groups: nobody is in the group (fail closed)
+    for user in members.filter(**{"groups": run.escalated_to_id}):
+        if not may_be_told(Decider(user), item):
+            continue
+        state = _state(channel=NotificationChannel.EMAIL, user=user)
+        if item.key in _told(state):
+            report.already += 1
+            continue
+        message = escalation_email(name=user.get_username(), item=item, recipient_id=user.pk)
+        address = getattr(user, user.get_email_field_name(), "")
+        try:
+            EmailMessage(subject=message.subject, body=message.body, to=[address]).send()
+        except Exception as exc:  # the next digest tells them
+            logger.warning(
+                "escalation email to user %s failed: %s: %s", user.pk, type(exc).__name__, exc
+            )
+            report.failed += 1
+            continue
+        NotificationState.objects.filter(pk=state.pk, claim=state.claim).update(
+            told=sorted(_told(state) | {item.key})
+        )
+        report.told += 1
+    _count(
+        NotifyReport(
+            sent={NotificationChannel.EMAIL: report.told},
+            failed={NotificationChannel.EMAIL: report.failed},
+        )
+    )
+    return report
 
 
 # --- The per-recipient state ---------------------------------------------------------------------

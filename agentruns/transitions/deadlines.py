@@ -5,8 +5,9 @@ and settling it once the deadline passed.
   its own ``UPDATE``: the run never waits without the deadline its configuration gave it when
   it started waiting.
 * ``run_expire_waiting`` — the reaper's settle of one overdue run, under its row lock (``SKIP
-  LOCKED``): deny on behalf of the deadline (``queued``, the denial in the loop state) or fail
-  (``failed`` / ``approval_expired``), with the decision event, chained like every event.
+  LOCKED``): deny on behalf of the deadline (``queued``, the denial in the loop state), fail
+  (``failed`` / ``approval_expired``) or escalate (``transitions.escalation``: a second
+  deadline, the wait handed to the escalation group), with its event, chained like every event.
 * ``past_deadline`` — a person's decision checks it under the row lock: once the deadline passed
   by the database clock, the run is the deadline's to settle.
 
@@ -36,6 +37,7 @@ from agentruns.models import (
 )
 from agentruns.models.configuration import MAX_APPROVAL_TIMEOUT
 from agentruns.transitions._writer import DbValue, guarded_write, state_write
+from agentruns.transitions.escalation import escalate_locked, escalation_event, escalation_plan
 from agentruns.turns import (
     DEADLINE,
     INPUT,
@@ -140,12 +142,16 @@ def run_expire_waiting(*, run_id: int, segment: str) -> Expired | None:
       answered the same way: nothing of the turn runs. A run whose configuration was
       deactivated meanwhile is failed instead (nobody should continue it).
     * ``fail`` — ``failed`` / ``approval_expired``, ``finished_at`` set, claim and turn cleared.
+    * ``escalate`` — handed to the configuration's escalation group (``transitions.escalation``):
+      it keeps waiting, with a second deadline whose action is the final one; the ``escalation``
+      event is written. A configuration that cannot escalate now (deactivated, no group or no
+      second deadline any more) gets its final action at once (``fail`` when deactivated).
 
-    Either way one ``approval`` (or ``input``) event with ``by: "deadline"`` is written in the
+    Deny and fail write one ``approval`` (or ``input``) event with ``by: "deadline"`` in the
     same transaction, chained from the run's ledger head, and the deadline and its action are
     cleared by the same ``UPDATE`` (the returned ``Expired`` carries the deadline that passed).
     ``None``: not overdue now (decided, cancelled, locked by a decider) — nothing written. The
-    caller sends the wake-up.
+    caller sends the wake-up (or, for an escalation, the notification).
     """
     with transaction.atomic():
         run = (
@@ -158,41 +164,22 @@ def run_expire_waiting(*, run_id: int, segment: str) -> Expired | None:
         pending = read_pending_turn(run)
         digest = stored_digest(run.pending_turn) or ""
         action = run.approval_timeout_action
-        if action != ApprovalTimeoutAction.DENY or not _active(run):
+        if action == ApprovalTimeoutAction.ESCALATE:
+            plan = escalation_plan(run)
+            if plan.possible:
+                event = escalation_event(run, plan, digest)
+                guard = _overdue() & Q(status=run.status)
+                if not escalate_locked(run, plan, event, guard=guard, segment=segment):
+                    return None  # pragma: no cover - impossible under the row lock
+                return _expired(run, ApprovalTimeoutAction.ESCALATE, event)
+            action = plan.fallback
+        elif action != ApprovalTimeoutAction.DENY or not _active(run):
             action = ApprovalTimeoutAction.FAIL  # unknown or blank: the safe ending
         event = _event(run, pending, action, digest)
-        decision = ApprovalDecision(approved=False, turn_digest=digest, by=DEADLINE)
-        values: dict[str, Any] = {
-            "loop_state": with_decision(
-                run.loop_state,
-                decision=decision if action == ApprovalTimeoutAction.DENY else None,
-                turn_digest=digest,
-            ),
-            "pending_turn": None,
-            "claimed_by": "",
-            "lease_expires": None,
-            # Spent: the guard read it; ``Expired.deadline`` keeps it from the locked row.
-            "approval_deadline": None,
-            "approval_timeout_action": "",
-        }
-        if action == ApprovalTimeoutAction.DENY:
-            values["status"] = Status.QUEUED
-        else:
-            values.update(
-                status=Status.FAILED,
-                termination_reason=TerminationReason.APPROVAL_EXPIRED,
-                error={
-                    "type": "ApprovalExpired",
-                    "message": f"nobody decided before the approval deadline ({run.status})",
-                },
-                pending_effect="",
-                pending_call=None,
-                finished_at=DbValue.NOW,
-            )
         if not guarded_write(
             run.pk,
             _overdue() & Q(status=run.status),
-            values,
+            _ending_values(run, action, digest),
             [event],
             epoch=run.lease_epoch,
             segment=segment,
@@ -200,11 +187,48 @@ def run_expire_waiting(*, run_id: int, segment: str) -> Expired | None:
             locked=run,
         ):  # pragma: no cover - impossible under the row lock
             return None
+    return _expired(run, str(action), event)
+
+
+def _ending_values(run: AgentRun, action: str, digest: str) -> dict[str, Any]:
+    """The columns a deadline's deny or fail writes."""
+    decision = ApprovalDecision(approved=False, turn_digest=digest, by=DEADLINE)
+    values: dict[str, Any] = {
+        "loop_state": with_decision(
+            run.loop_state,
+            decision=decision if action == ApprovalTimeoutAction.DENY else None,
+            turn_digest=digest,
+        ),
+        "pending_turn": None,
+        "claimed_by": "",
+        "lease_expires": None,
+        # Spent: the guard read it; ``Expired.deadline`` keeps it from the locked row.
+        "approval_deadline": None,
+        "approval_timeout_action": "",
+    }
+    if action == ApprovalTimeoutAction.DENY:
+        values["status"] = Status.QUEUED
+    else:
+        values.update(
+            status=Status.FAILED,
+            termination_reason=TerminationReason.APPROVAL_EXPIRED,
+            error={
+                "type": "ApprovalExpired",
+                "message": f"nobody decided before the approval deadline ({run.status})",
+            },
+            pending_effect="",
+            pending_call=None,
+            finished_at=DbValue.NOW,
+        )
+    return values
+
+
+def _expired(run: AgentRun, action: str, event: EventSpec) -> Expired:
     return Expired(
         run_id=run.pk,
         run_uuid=run.uuid,
         waited=run.status,
-        action=str(action),
+        action=action,
         deadline=run.approval_deadline,
         event=event,
     )

@@ -296,19 +296,25 @@ def run_suspend(
 
     ``deadline`` (§5.11): when the wait ends, by the database clock (``Now() + timeout``), and
     what happens then, written by the same ``UPDATE`` — the run never waits without the deadline
-    its configuration gave it; none (or no timeout) clears an earlier wait's.
+    its configuration gave it; none (or no timeout) clears an earlier wait's. An earlier wait's
+    escalation is cleared either way.
 
     ``False``: the run was cancelled or the lease lost meanwhile — fail closed, never announce a
     resumable pause. ``written``: see ``segment_write`` (the parked row, without a read back).
     """
     if status not in {Status.WAITING_FOR_APPROVAL, Status.WAITING_FOR_INPUT}:
         raise ValueError(f"cannot suspend into {status!r}")
-    waits: dict[str, Any] = {"approval_deadline": None, "approval_timeout_action": ""}
+    # A new wait is nobody's escalation yet (``transitions.escalation``).
+    waits: dict[str, Any] = {
+        "approval_deadline": None,
+        "approval_timeout_action": "",
+        "escalated_at": None,
+        "escalated_to": None,
+    }
     if deadline is not None and deadline.timeout is not None:
-        waits = {
-            "approval_deadline": Later(deadline.timeout),
-            "approval_timeout_action": deadline.action,
-        }
+        waits.update(
+            approval_deadline=Later(deadline.timeout), approval_timeout_action=deadline.action
+        )
     return segment_write(
         lease,
         {

@@ -52,6 +52,7 @@ HOSTILE_PAYLOADS: dict[str, dict[str, Any]] = {
     EventKind.IN_DOUBT: {"call_id": "c1", "name": HOSTILE, "arguments": {}, "error": HOSTILE},
     EventKind.CHECK: {"attempt": 1, "answer": "unknown", "evidence": HOSTILE},
     EventKind.BUDGET: {"budget": "user", "spend": HOSTILE, "limit": "1", "currency": "USD"},
+    EventKind.ESCALATION: {"group": HOSTILE, "timeout_seconds": 3600, "then": HOSTILE},
     EventKind.OUTPUT_CHECK: {
         "ok": False,
         "errors": [{"path": [HOSTILE], "message": HOSTILE}],

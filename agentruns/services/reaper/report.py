@@ -65,9 +65,13 @@ class ReaperReport:
         if self.expired:
             denied = sum(1 for v in self.expired if v.verdict == Verdict.DENIED)
             failed = sum(1 for v in self.expired if v.verdict == Verdict.DEAD_LETTERED)
+            escalated = sum(1 for v in self.expired if v.verdict == Verdict.ESCALATED)
+            skipped = len(self.expired) - denied - failed - escalated
             text += (
                 f"; past their approval deadline {len(self.expired)}: denied {denied}, "
-                f"failed {failed}, skipped {len(self.expired) - denied - failed}"
+                f"failed {failed}, "
+                + (f"escalated {escalated}, " if escalated else "")
+                + f"skipped {skipped}"
             )
         if self.dry_run:
             return text + " (dry run: nothing changed)"
@@ -97,11 +101,15 @@ def _verdict(run: AgentRun, rule: str, detail: str, *, taken: bool, failure: str
     )
 
 
+#: The verdict of each deadline action (anything else failed the run).
+_DEADLINE_VERDICTS = {"deny": Verdict.DENIED, "escalate": Verdict.ESCALATED}
+
+
 def _deadline_verdict(outcome: deadline_sweep.DeadlineOutcome) -> RunVerdict:
     """The line and the counted verdict of one run past its approval deadline."""
     deadline = outcome.deadline.isoformat() if outcome.deadline else "?"
     if outcome.taken:
-        verdict = Verdict.DENIED if outcome.action == "deny" else Verdict.DEAD_LETTERED
+        verdict = _DEADLINE_VERDICTS.get(outcome.action, Verdict.DEAD_LETTERED)
         detail = f"waited in {outcome.waited} past its deadline {deadline}"
     else:
         verdict = Verdict.SKIPPED

@@ -31,6 +31,7 @@ class Verdict:
     REQUEUED = "requeued"
     SKIPPED = "skipped"
     DENIED = "denied"  # denied on behalf of the deadline, queued to continue
+    ESCALATED = "escalated"  # handed to the escalation group, with a second deadline
 
 
 #: What each verdict leaves the run as (shown by the command).

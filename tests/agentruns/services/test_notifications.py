@@ -346,7 +346,9 @@ def test_a_configuration_webhook_gets_slack_json_with_its_text_escaped(http_reco
     assert (request.method, request.path) == ("POST", "/hooks/leasehold")
     assert request.headers["Content-Type"] == "application/json"
     body = json.loads(request.body)
-    assert list(body) == ["text"]
+    assert list(body) == ["text", "blocks"]  # the blocks: tests/agentruns/chat/test_slack_blocks.py
+    shown = [block["text"]["text"] for block in body["blocks"] if "text" in block]
+    assert all("<" not in said and ">" not in said for said in shown)
     text = body["text"]
     assert "<" not in text and ">" not in text
     assert "&lt;!channel&gt; &amp; &lt;http://evil.example|click&gt;" in text
