@@ -18,8 +18,10 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
 from agentruns import decided_calls, display
+from agentruns.jsonview import pretty_json
 
 register = template.Library()
+register.filter("pretty_json", pretty_json)  # the one JSON printer, for a value a person chose
 
 register.filter("status_label", display.status_label)
 register.filter("reason_label", display.reason_label)
