@@ -114,13 +114,6 @@ DEFAULTS: dict[str, Any] = {
     # Most each initiator's runs may spend per UTC day, all configurations together (a decimal,
     # in COST_CURRENCY); empty: no per-user budget. Read by agentruns.budgets.
     "USER_DAILY_BUDGET": "",
-    # PostgreSQL (psycopg 3): prepare the step boundary's statements on the server, once per
-    # connection, and execute them by name. Off: a transaction-mode pooler hands each transaction
-    # any server connection, where a name may be unknown, taken, or another client's statement.
-    # Turn it on only where every statement of a connection meets the server session that
-    # prepared it: PostgreSQL directly, a session-mode pooler, or PgBouncer >= 1.21 with
-    # max_prepared_statements > 0. Django's own queries are never prepared either way.
-    "PREPARED_STATEMENTS": False,
 }
 
 
@@ -152,7 +145,6 @@ class AgentrunsSettings:
     site_url: str
     cost_currency: str
     user_daily_budget: Decimal | None
-    prepared_statements: bool
     ledger_key: str
 
 
@@ -180,7 +172,6 @@ PARSERS: dict[str, Parser] = {
     "SITE_URL": parse_site_url,
     "COST_CURRENCY": parse_currency,
     "USER_DAILY_BUDGET": parse_budget,
-    "PREPARED_STATEMENTS": parse_boolean,
     "LEDGER_KEY": parse_text,
 }
 

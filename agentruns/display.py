@@ -50,6 +50,7 @@ REAPER_VERDICTS = {
 TOOL_OUTCOMES = {
     "executed": "ran",
     "denied": "denied, did not run",
+    "answered": "answered by a person, not run",
     "expired": "expired (nobody decided in time), did not run",
     "invalid_arguments": "refused: its arguments break the tool's schema",
     "refused": "refused — not sent",

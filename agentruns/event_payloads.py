@@ -24,10 +24,26 @@ class ProposedCall(TypedDict, total=False):
 
 
 class CallRef(TypedDict, total=False):
-    """A call an ``approval`` event decided."""
+    """A call an ``approval`` event decided; per call (``per_call``) with its verdict, and the
+    reason, the answer or the edited arguments with the model's original ones
+    (``services.call_decisions.verdicts_payload``)."""
 
     id: str
     name: str
+    verdict: str  # approve, deny, answer, edit
+    reason: str
+    answer: Any
+    arguments: Any
+    original_arguments: Any
+
+
+class EditPayload(TypedDict, total=False):
+    """A ``tool`` event's ``edit``: the call ran with arguments a person edited
+    (``tool_step.edited_marks``)."""
+
+    editor: str
+    editor_id: int | None
+    original_arguments: Any
 
 
 class AuthorityPayload(TypedDict, total=False):
@@ -46,7 +62,7 @@ class ErrorPayload(TypedDict, total=False):
 
 
 class RequestPayload(TypedDict, total=False):
-    """``request``: a provider call about to be made (``ProviderStep._call_provider``). A
+    """``request``: a provider call about to be made (``runtime.model_step.ask_model``). A
     missing ``system`` / ``tools`` means "as the previous request"."""
 
     iteration: int  # 0-based; the screens number rounds from 1 (``display.round_number``)
@@ -57,7 +73,7 @@ class RequestPayload(TypedDict, total=False):
 
 
 class LlmPayload(TypedDict, total=False):
-    """``llm``: the model's answer (``ProviderStep._call_provider``)."""
+    """``llm``: the model's answer (``runtime.model_step.ask_model``)."""
 
     iteration: int
     final: bool
@@ -71,9 +87,10 @@ class LlmPayload(TypedDict, total=False):
 
 
 class ToolPayload(TypedDict, total=False):
-    """``tool``: a call that ran or that its tool refused (``RunSegment`` in
-    ``runtime.segment``; ``outcome`` ``executed`` or ``refused``), did not run
-    (``tool_step.unrun_event``: denied, expired, refused) or was reconciled
+    """``tool``: a call that ran or that its tool refused (``runtime.turn_step``; ``outcome``
+    ``executed`` or ``refused``), did not run (``tool_step.unrun_event``: denied, expired,
+    refused for its arguments; ``tool_step.answered_event``: a person answered it in place of
+    running it) or was reconciled
     (``runtime.verdicts._reconciled``)."""
 
     call_id: str
@@ -87,6 +104,9 @@ class ToolPayload(TypedDict, total=False):
     idempotency_key: str
     content: str  # a reconciled call: what the model reads
     normalised: list[str]  # what was mended for storage (text, number, depth, size)
+    decided_by: str  # denied / answered by a person: their username
+    reason: str  # denied: the reviewer's reason, verbatim
+    edit: EditPayload  # ran with arguments a person edited (``arguments`` holds them)
 
 
 class ApprovalPayload(TypedDict, total=False):
@@ -99,6 +119,9 @@ class ApprovalPayload(TypedDict, total=False):
     decider: str | None
     calls: list[CallRef]
     authority: AuthorityPayload
+    per_call: bool  # a verdict per call (each in ``calls``)
+    reason: str  # a whole-turn denial's reason
+    editor: str  # the decision edited a call: who
     by: str
     deadline: str | None
     action: str  # a key of ``display.DEADLINE_OUTCOMES``
@@ -140,7 +163,7 @@ class ReconciliationPayload(TypedDict, total=False):
 
 class LeasePayload(TypedDict, total=False):
     """``lease``: a claim (``transitions.segment_writes``), a requeue after a provider failure
-    (``ProviderStep``), a hand-back by a stopping worker (``RunSegment._hand_back``) or an
+    (``runtime.model_step``), a hand-back by a stopping worker (``Boundaries.hand_back``) or an
     abandon (``transitions.endings.run_abandon``)."""
 
     action: str  # a key of ``display.LEASE_ACTIONS``
@@ -190,7 +213,7 @@ class VerificationPayload(TypedDict, total=False):
 
 class InDoubtPayload(TypedDict, total=False):
     """``in_doubt``: a non-idempotent write whose tool could not say whether it took effect
-    (``runtime.pauses``)."""
+    (``runtime.turn_step``)."""
 
     call_id: str
     name: str

@@ -162,6 +162,10 @@ def _json_key(key: Any) -> str:
     return key if isinstance(key, str) else str(json.loads(json.dumps(key)))
 
 
+#: The values a JSON round trip gives back as they are (exactly these types, not subclasses).
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def _normalised(value: Any) -> Any:
     """``value`` as it reads back from either database after a JSON round trip — tuples as
     lists, keys as strings — with whole floats as integers. One walk, no serialising: this runs
@@ -171,22 +175,22 @@ def _normalised(value: Any) -> Any:
     if kind is dict:
         out = {}
         for key, item in value.items():
-            plain = type(item)
-            if not (plain is str or plain is int or plain is bool or item is None):
+            if type(item) not in _PLAIN:
                 item = _normalised(item)
             out[key if type(key) is str else _json_key(key)] = item
         return out
     if kind is list or kind is tuple:
-        return [
-            item
-            if (type(item) is str or type(item) is int or type(item) is bool or item is None)
-            else _normalised(item)
-            for item in value
-        ]
+        return [item if type(item) in _PLAIN else _normalised(item) for item in value]
     if kind is float:
         return int(value) if value.is_integer() else value
-    if kind is str or kind is int or kind is bool or value is None:
+    if kind in _PLAIN:
         return value
+    return _normalised_subclass(value)
+
+
+def _normalised_subclass(value: Any) -> Any:
+    """``_normalised`` of an instance of a subclass of ``dict``, ``list``, ``tuple`` or
+    ``float`` (as its base type); any other value as it is."""
     if isinstance(value, dict):
         return _normalised(dict(value))
     if isinstance(value, list | tuple):

@@ -144,6 +144,15 @@ def run_uuid_for(*, text: str) -> UUID:
     return found[0]
 
 
+def runs_by_uuid(*, run_uuids: Iterable[UUID], user: User | None) -> dict[UUID, AgentRun]:
+    """The runs of ``run_uuids`` that ``user`` may see, by uuid, with configuration joined (one
+    query): what a page needs to name several runs (a batch decision's outcomes). A uuid with
+    no such run, or one ``user`` may not see, is absent."""
+    uuids = list(run_uuids)
+    queryset = AgentRun.objects.filter(uuid__in=uuids).select_related("configuration")
+    return {run.uuid: run for run in visible_runs(user=user, queryset=queryset)} if uuids else {}
+
+
 def run_events(*, run: AgentRun, after: int = -1) -> QuerySet[AgentRunEvent]:
     return run.events.filter(sequence__gt=after).select_related("actor").order_by("sequence")
 

@@ -15,27 +15,22 @@ touched. Workloads:
 
 * ``read``: every round is a provider call answered with one call of a no-op read tool;
 * ``write``: every round is a provider call answered with one call of a no-op idempotent write,
-  which suspends, is approved inline and runs fenced under a ``resume:`` segment.
+  which suspends, is approved inline and runs fenced under a ``resume:`` segment;
+* ``pair``: every round proposes two such writes, approved whole (one decision for the turn);
+* ``per_call``: the same two-call turn decided per call — the first approved, the second denied
+  with a reason (docs/design.md §5): the denial is settled at a boundary before the write runs.
 
 Tool bodies and the scripted provider issue no SQL, so every statement counted is the runtime's.
 A round runs from one ``request`` event to the next; the closing provider call is not a round.
-
-``--prepared-ab`` measures only the prepared statements' worth (``AGENTRUNS_PREPARED_STATEMENTS``,
-PostgreSQL): each workload's rounds timed with the setting on and off, alternated round by round
-within each run (which comes first alternates run by run), the difference taken per pair of
-neighbouring rounds; no raw baseline (its
-connection would prepare its own statements, which behind a transaction-mode pooler can meet the
-runtime's on a shared server connection). Behind such a pooler the runtime's prepared statements
-only work while one client has the pool to itself, as here: the figure is what a pooler that
-keeps prepared statements (PgBouncer >= 1.21 with ``max_prepared_statements``) could gain.
 
 ``--priced`` prices the configuration (each answer is charged to the spend ledger) and
 ``--budget`` also gives it a daily budget it never reaches (the check before each provider
 call), docs/design.md §14.
 
 With ``--json`` the last line is one JSON object: ``{"database": "postgresql"|"sqlite", "read":
-{"statements_per_round", "ms_per_round", "raw_replay_ms", "ratio_to_raw_replay"}, "write": {…the
-same keys}}`` (medians; the raw replay is the round's own statements through the driver).
+{"statements_per_round", "ms_per_round", "raw_replay_ms", "ratio_to_raw_replay"}, "write",
+"pair", "per_call": {…the same keys}}`` (medians; the raw replay is the round's own statements
+through the driver).
 
 The ledger's cost (issue 13: at most 5 % of a round): the time spent computing the hash chain
 (``agentruns.ledger.chain``) inside the timed rounds, against the rounds' time (the hashing of a
@@ -136,11 +131,32 @@ def register_tools() -> None:
     )
 
 
-def script(tool: str, rounds: int) -> list[dict[str, Any]]:
+#: The workloads, in the order they run; ``pair`` and ``per_call`` propose two calls a turn.
+WORKLOADS = ("read", "write", "pair", "per_call")
+
+
+def script(tool: str, rounds: int, *, calls: int = 1) -> list[dict[str, Any]]:
     turns: list[dict[str, Any]] = [
-        {"tool_calls": [{"name": tool, "arguments": {"n": n}}]} for n in range(rounds)
+        {"tool_calls": [{"name": tool, "arguments": {"n": n * 10 + i}} for i in range(calls)]}
+        for n in range(rounds)
     ]
     return [*turns, {"content": "done"}]
+
+
+def decision(workload: str, run: Any) -> dict[str, Any]:
+    """The decision a workload gives a waiting run: the whole turn approved, or (``per_call``)
+    its first call approved and its second denied with a reason."""
+    if workload != "per_call":
+        return {"approved": True}
+    from agentruns.turns import CallVerdict
+
+    first, second = (call["id"] for call in run.pending_turn["calls"])
+    return {
+        "verdicts": [
+            CallVerdict(first, "approve"),
+            CallVerdict(second, "deny", reason="benchmark: not this one"),
+        ]
+    }
 
 
 class RoundClock:
@@ -160,20 +176,21 @@ def one_run(workload: str, rounds: int, clock: RoundClock, approver: Any, config
     from agentruns.services.runs import run_decide, run_start_sync
 
     tool = READ_TOOL if workload == "read" else WRITE_TOOL
+    calls = 2 if workload in ("pair", "per_call") else 1
     result = run_start_sync(
         configuration=config,
         prompt="benchmark",
-        options={"script": script(tool, rounds)},
+        options={"script": script(tool, rounds, calls=calls)},
         observer=clock,
     )
     while result.outcome == "awaiting_approval":
         result = run_decide(
             run_uuid=result.run.uuid,
             actor=approver,
-            approved=True,
             turn_digest=result.run.pending_turn["turn_digest"],
             mode="inline",
             observer=clock,
+            **decision(workload, result.run),
         )
     return result.outcome
 
@@ -324,87 +341,6 @@ def _unhashed_rounds(
     plain = [(b - a) * 1000 for a, b in itertools.pairwise(marks)]
     stats.unhashed_ms.extend(plain)
     return plain
-
-
-class Alternating:
-    """Observer: at each round's start (a committed ``request`` event) flips
-    ``PREPARED_STATEMENTS`` in ``agentruns`` (``conf.get`` reads it at every statement), so the
-    round runs with the value chosen at its start; marks when (wall clock and the process's CPU
-    time) and with which."""
-
-    def __init__(self, agentruns: dict[str, Any], *, first: bool) -> None:
-        self.agentruns = agentruns
-        self.first = first
-        self.marks: list[tuple[float, float, bool]] = []  # (wall, process CPU, prepared)
-        agentruns["PREPARED_STATEMENTS"] = first  # the run's claim and first request
-
-    def __call__(self, spec: Any) -> None:
-        if spec.kind == "request":
-            prepared = self.first if len(self.marks) % 2 == 0 else not self.first
-            self.agentruns["PREPARED_STATEMENTS"] = prepared
-            self.marks.append((time.perf_counter(), time.process_time(), prepared))
-
-
-def prepared_ab(
-    workload: str, *, runs: int, rounds: int, config: Any, approver: Any
-) -> dict[str, Any]:
-    """``runs`` runs whose rounds alternate between the step boundary's statements prepared and
-    not (the setting flips at each round's start; which comes first alternates run by run), so
-    that each pair of neighbouring rounds sees the same machine load; the rounds' median times
-    and the median of the per-pair differences."""
-    from django.conf import settings
-
-    agentruns = getattr(settings, "AGENTRUNS", None)
-    if agentruns is None:
-        settings.AGENTRUNS = agentruns = {}
-    saved = agentruns.get("PREPARED_STATEMENTS", False)
-    times: dict[bool, list[float]] = {True: [], False: []}
-    cpu: dict[bool, list[float]] = {True: [], False: []}
-    gains: list[float] = []  # per pair of neighbouring rounds: % the unprepared one took longer
-    try:
-        for index in range(runs):
-            flip = Alternating(agentruns, first=index % 2 == 0)
-            assert one_run(workload, rounds, flip, approver, config) == "completed"
-            spans = [
-                ((b[0] - a[0]) * 1000, (b[1] - a[1]) * 1000, a[2])
-                for a, b in itertools.pairwise(flip.marks)
-            ]
-            for ms, cpu_ms, prepared in spans:
-                times[prepared].append(ms)
-                cpu[prepared].append(cpu_ms)
-            for (one, _, p1), (two, _, _) in zip(spans[0::2], spans[1::2], strict=False):
-                on, off = (one, two) if p1 else (two, one)
-                gains.append((off - on) / off * 100)
-    finally:
-        agentruns["PREPARED_STATEMENTS"] = saved
-    from django.db import connection
-
-    with connection.cursor() as cursor:  # proof the "on" rounds prepared (directly: all of them)
-        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
-        prepared_now = cursor.fetchone()[0]
-    on_ms, off_ms, gain = (statistics.median(x) for x in (times[True], times[False], gains))
-    on_cpu, off_cpu = statistics.median(cpu[True]), statistics.median(cpu[False])
-    quartiles = statistics.quantiles(gains, n=4) if len(gains) > 1 else [gain] * 3
-    print(
-        f"\n== {workload} rounds, prepared statements on vs off, alternated round by round "
-        f"({len(times[True])} + {len(times[False])} rounds, {runs} runs)"
-    )
-    print(f"  on:  median {on_ms:.3f} ms per round (the runtime's CPU {on_cpu:.3f} ms)")
-    print(f"  off: median {off_ms:.3f} ms per round (the runtime's CPU {off_cpu:.3f} ms)")
-    print(
-        f"  preparing saves {gain:+.1f} % of a round (median of {len(gains)} neighbouring "
-        f"pairs, quartiles {quartiles[0]:+.1f} / {quartiles[2]:+.1f}); medians differ by "
-        f"{off_ms - on_ms:+.3f} ms, the runtime's CPU by {off_cpu - on_cpu:+.3f} ms"
-    )
-    print(f"  statements prepared in the server session the last query met: {prepared_now}")
-    return {
-        "on_ms": round(on_ms, 3),
-        "off_ms": round(off_ms, 3),
-        "saved_percent": round(gain, 2),
-        "pairs": len(gains),
-        "on_cpu_ms": round(on_cpu, 3),
-        "off_cpu_ms": round(off_cpu, 3),
-    }
 
 
 # --- The raw baseline ----------------------------------------------------------------------------
@@ -620,11 +556,6 @@ def main() -> None:
         action="store_true",
         help="with --priced, a daily budget it never reaches: the check before each call",
     )
-    parser.add_argument(
-        "--prepared-ab",
-        action="store_true",
-        help="PostgreSQL: only the rounds with prepared statements on vs off, alternated",
-    )
     args = parser.parse_args()
     rounds = max(2, min(args.rounds, 19))
 
@@ -657,19 +588,6 @@ def main() -> None:
         print(f"database: {target.label}")
         print(f"{args.runs} runs x {rounds} rounds per workload; no-op tools, scripted provider")
         print(f"machine load average (1/5/15 min): {os.getloadavg()}, {os.cpu_count()} CPUs")
-        if args.prepared_ab:
-            if target.vendor != "postgresql":
-                sys.exit("--prepared-ab needs a PostgreSQL DATABASE_URL")
-            one_run("read", 2, RoundClock(), approver, config)
-            one_run("write", 2, RoundClock(), approver, config)
-            ab: dict[str, Any] = {"database": target.vendor, "url": target.label}
-            for workload in ("read", "write"):
-                ab[workload] = prepared_ab(
-                    workload, runs=args.runs, rounds=rounds, config=config, approver=approver
-                )
-            if args.json:
-                print(json.dumps({"prepared_ab": ab}))
-            return
         baseline = RawBaseline(target)
         results: dict[str, Any] = {
             "database": target.vendor,
@@ -680,7 +598,8 @@ def main() -> None:
             # Warm up caches and connections.
             one_run("read", 2, RoundClock(), approver, config)
             one_run("write", 2, RoundClock(), approver, config)
-            for workload in ("read", "write"):
+            one_run("per_call", 2, RoundClock(), approver, config)
+            for workload in WORKLOADS:
                 stats = count_statements(
                     workload,
                     runs=max(1, args.runs // 4),

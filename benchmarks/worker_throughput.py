@@ -59,8 +59,15 @@ from benchmarks._support import (
 
 EMPTY_TASK = "benchmarks.worker_throughput.empty"
 PROFILE_FILE = os.path.join(tempfile.gettempdir(), f"leasehold-worker-profile-{os.getpid()}.txt")
-OURS = ("process_run", "run_", "RunSegment", "segment_write", "guarded_write", "insert_events")
-OURS += ("_segment_update", "rehydrate", "ProviderStep", "invoke_tool", "list_notes")
+OURS = (
+    "process_run",
+    "run_",
+    "continue_segment",
+    "segment_write",
+    "guarded_write",
+    "insert_events",
+)
+OURS += ("_segment_update", "rehydrate", "ask_model", "invoke_tool", "list_notes")
 ROUND = {"tool_calls": [{"name": "list_notes", "arguments": {}}]}
 SCRIPT = [ROUND, ROUND, ROUND, {"content": "done"}]
 

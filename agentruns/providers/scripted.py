@@ -16,11 +16,13 @@ as an endpoint that sends none; counts not given are estimated).
 
 A turn may instead answer what happened to the previous turn's calls: ``{"branches": [turn,
 ...]}``, each branch a turn as above with ``"when"``: a result kind or a list of them
-(``agentruns.tools.result_kinds``: ``ok``, ``error``, ``refused``, ``denied``, ``expired``).
+(``agentruns.tools.result_kinds``: ``ok``, ``error``, ``refused``, ``denied``, ``expired``,
+``answered``).
 The first branch whose ``when`` holds the previous result is played; a branch without ``when``
 holds any. The previous result is read from the tool messages after the last assistant message,
-as a model reads them: ``denied`` if any call was denied, else ``expired``, ``refused``,
-``error``, else ``ok`` (also when there is none). No branch holding it is ``script_invalid``.
+as a model reads them: ``denied`` if any call was denied, else ``expired``, ``answered`` (a
+person gave its result in place of running it), ``refused``, ``error``, else ``ok`` (also when
+there is none). No branch holding it is ``script_invalid``.
 
 Stateless across processes: the turn played is the number of ``assistant`` messages already in
 ``messages``, so a run continued elsewhere plays the right turn. Tool call ids are
@@ -47,6 +49,7 @@ from typing import Any, ClassVar
 from agentruns.conf import app_settings
 from agentruns.providers.base import ErrorKind, ProviderError, ProviderReply, ToolCall
 from agentruns.tools.result_kinds import (
+    ANSWERED,
     DENIED,
     ERROR,
     EXPIRED,
@@ -59,7 +62,7 @@ from agentruns.tools.result_kinds import (
 _TURN_KEYS = frozenset({"content", "tool_calls", "error", "times", "delay", "usage"})
 _BRANCH_KEYS = _TURN_KEYS | {"when"}
 # Which kind a turn of several calls came to: the first of these any of its calls has.
-_KIND_ORDER = (DENIED, EXPIRED, REFUSED, ERROR)
+_KIND_ORDER = (DENIED, EXPIRED, ANSWERED, REFUSED, ERROR)
 _CALL_KEYS = frozenset({"name", "arguments"})
 _ERROR_CLASSES = {"retryable": True, "fatal": False}
 

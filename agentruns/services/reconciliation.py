@@ -4,12 +4,13 @@ call whose outcome is unknown landed, and its verdict applied like a person's.
 A run parked in ``waiting_for_reconciliation`` (by the reaper after a dead segment, or by the
 segment after ``OutcomeUnknown``) whose call's tool declares a check gets a django-q2 task
 (``agentruns.tasks.check_in_doubt``). It runs the check with the tool timeout, read-only and
-without a lease. *Landed* / *not landed* go through ``transitions.run_decide`` exactly as a
-person's verdict (status and digest re-checked under the row lock; queued for a worker), recorded
-as a ``reconciliation`` event with ``by: "check"`` and the check's evidence. *Unknown*, an error
-or a timeout is recorded on the card (``pending_turn["check"]``) and as a ``check`` event, and
-retried with backoff until ``RECONCILE_CHECKS`` checks were made; then a person decides. A
-person may decide at any time: whoever is first wins, once.
+without a lease. *Landed* / *not landed* are recorded exactly as a person's verdict
+(``transitions.locked_waiting_run`` then ``record_decision``: status and digest re-checked under
+the row lock; queued for a worker), as a ``reconciliation`` event with ``by: "check"`` and the
+check's evidence. *Unknown*, an error or a timeout is recorded on the card
+(``pending_turn["check"]``) and as a ``check`` event, and retried with backoff until
+``RECONCILE_CHECKS`` checks were made; then a person decides. A person may decide at any time:
+whoever is first wins, once.
 
 Never writes through the tool: the check runs in a read-only transaction (PostgreSQL) or with
 ``query_only`` on (SQLite); a write fails the check (an error).
@@ -271,17 +272,20 @@ def _decide(
             **({"normalised": list(normalised)} if normalised else {}),
         },
     )
-    decided = transitions.run_decide(
-        run_uuid=run.uuid,
-        expected_status=Status.WAITING_FOR_RECONCILIATION,
-        turn_digest=digest,
-        decision=ReconciliationDecision(
-            verdict=verdict, call=call, decider_id=None, by="check", result=landed_result
-        ),
-        event=event,
-        identity=None,
-        check=decisions.runnable_without_tools,
-    )
+    with transitions.locked_waiting_run(
+        run.uuid, expected_status=Status.WAITING_FOR_RECONCILIATION, turn_digest=digest
+    ) as locked:
+        decisions.runnable_without_tools(locked)
+        decided = transitions.record_decision(
+            locked,
+            expected_status=Status.WAITING_FOR_RECONCILIATION,
+            turn_digest=digest,
+            decision=ReconciliationDecision(
+                verdict=verdict, call=call, decider_id=None, by="check", result=landed_result
+            ),
+            event=event,
+            identity=None,
+        )
     decisions.hand_on(decided)
     return verdict
 

@@ -17,11 +17,13 @@ from django.utils.dateformat import format as date_format
 from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince, timeuntil
 
-from agentruns import display
+from agentruns import decided_calls, display
+from agentruns.jsonview import pretty_json
 from agentruns.permission_words import authority_permissions
 from agentruns.run_counts import run_counts
 
 register = template.Library()
+register.filter("pretty_json", pretty_json)  # the one JSON printer, for a value a person chose
 
 register.filter("status_label", display.status_label)
 register.filter("reason_label", display.reason_label)
@@ -34,6 +36,8 @@ register.filter("money", display.money)
 register.filter("budget_text", display.budget_text)
 # ``{% with counts=run|run_counts %}``: rounds and tokens so far, for every status.
 register.filter("run_counts", run_counts)
+register.filter("decided_call", decided_calls.decided_call)
+register.filter("approval_verdicts", decided_calls.approval_verdicts)
 
 _TABLES = {
     "lease_action": display.LEASE_ACTIONS,

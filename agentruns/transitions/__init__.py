@@ -10,18 +10,20 @@ Conventions:
 * Lease arithmetic and comparisons use the database clock (``Now()``), never the app server's.
 * "Owner" means ``claimed_by`` **and** ``lease_epoch``: a zombie holding an older epoch of the
   same identity matches nothing.
-* Segment writes return ``bool``: ``False`` means the lease is lost (or the run was cancelled)
-  and the caller must stop at once — settle nothing, write no event, start no write.
+* Segment writes return ``bool`` (``run_suspend``: the parked row or ``None``): ``False`` means
+  the lease is lost (or the run was cancelled) and the caller must stop at once — settle
+  nothing, write no event, start no write.
 * Decisions raise a typed refusal (``StaleTurn``, ``AlreadyDecided``, ``NotWaiting``, …) and
   change nothing when refused.
 * A database error never escapes as a bare ``DatabaseError``: it becomes ``StateWriteFailed``
   after the transaction rolled back.
 * Events written with a state change are inserted in the same transaction, after the guarded
   ``UPDATE`` took the row, so an event exists if and only if its change took effect.
-* Each transition is its guard and its values, handed to one of two writers: ``segment_write``
-  (a segment's own writes under its lease: the step boundary, in precompiled SQL) or
-  ``guarded_write`` (any other guard, through the ORM). Both add ``updated_at`` and take
-  database-computed values as ``DbValue`` (the clock, the lease deadline, an increment).
+* Each guarded statement is written out whole and named, once per database
+  (``transitions/sql/postgresql.sql`` and ``transitions/sql/sqlite.sql``), its guard in its
+  ``WHERE`` and its parameters bound; a transition names its statement and passes its
+  parameters to the writer (``_writer.write``), which returns the run's row as the statement
+  returns it, or ``None`` when the guard matched nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from agentruns.transitions.deadlines import (
     run_expire_waiting,
 )
 from agentruns.transitions.deciding import (
+    locked_waiting_run,
+    record_abandon,
+    record_decision,
     run_decide,
     run_reconcile_abandon,
 )
@@ -48,7 +53,6 @@ from agentruns.transitions.reaper import (
 )
 from agentruns.transitions.segment_writes import (
     birth_event,
-    run_claim_queued,
     run_claim_queued_row,
     run_clear_fence,
     run_enqueue,
@@ -64,9 +68,11 @@ from agentruns.transitions.segment_writes import (
 
 __all__ = [
     "birth_event",
+    "locked_waiting_run",
+    "record_abandon",
+    "record_decision",
     "run_abandon",
     "run_cancel",
-    "run_claim_queued",
     "run_claim_queued_row",
     "run_clear_fence",
     "run_decide",

@@ -1,69 +1,58 @@
-"""The two writers behind ``agentruns.transitions``. Private: only the transitions call them.
+"""The writer behind ``agentruns.transitions``. Private: only the transitions call it.
 
-* ``segment_write`` — a segment's own writes under its lease (the step boundary), in
-  precompiled SQL.
-* ``guarded_write`` — any other guard, through the ORM.
+``write`` executes one named statement (``_statements``: ``sql/postgresql.sql`` and
+``sql/sqlite.sql``) with its parameters bound and returns the run's row as the statement returns
+it, or ``None`` when its guard matched nothing (nothing was written). A transition names its
+statement and its parameters; the three ways a write appends its events differ only in where
+the run's ledger tail comes from:
 
-Both add ``updated_at``, take database-computed values as ``DbValue`` (the clock, the lease
-deadline, an increment) and append events in the same transaction as the guarded ``UPDATE``,
-chained by ``agentruns.ledger`` (each event's ``prev_hash`` and ``hash``; the run's head written
-in the segment's own ``UPDATE``, or in the transaction of any other guarded write). The SQL
-they share with the claim and the reaper's batches is in ``_sql``.
+* ``segment_write`` — a segment's own write under its lease: the events are chained from the
+  lease's head and counter before the statement, whose guard pins the counter.
+* ``locked_write`` — a decision on a row read under its lock: chained from the locked row.
+* ``guarded_write`` — any other guard: the statement returns the run's tail under the row it now
+  holds; the events are chained from it, appended, and the new tail written, in its transaction.
+
+A statement that takes ``%(events)s`` appends them itself (PostgreSQL: the ``UPDATE`` and the
+``INSERT`` are one statement); otherwise they are appended (``append_events``) after it, in one
+transaction (SQLite).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
-from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
-from django.db.models.expressions import CombinedExpression
-from django.db.models.functions import Now
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import DEFERRED, Field, Model
 
 from agentruns import ledger
 from agentruns.conf import app_settings
 from agentruns.exceptions import LeaseholdError, StateWriteFailed
 from agentruns.leases import EventSpec, Lease
-from agentruns.models import AgentRun, Status
-from agentruns.transitions._sql import (
-    DEADLINE_SQL,
-    EVENT_BATCH,
-    EVENTS_GUARD,
-    NOW_SQL,
-    RUN_FIELDS,
-    DbValue,
-    Later,
-    boundary_sql,
-    event_rows,
-    events_insert_sql,
-    insert_events,
-    orm_update_sql,
-    run_columns,
-    run_statement,
-    update_parts,
-    update_sql,
-    with_events_sql,
-)
+from agentruns.models import AgentConfiguration, AgentRun, AgentRunEvent
+from agentruns.transitions._statements import appends_events, sql
 
-# Re-exported: the transitions name database-computed values and the clock's SQL from here.
-__all__ = [
-    "DEADLINE_SQL",
-    "NOW_SQL",
-    "DbValue",
-    "Later",
-    "guarded_write",
-    "lease_deadline",
-    "segment_write",
-    "stale",
-    "state_write",
-]
+try:  # psycopg 3's cursor that binds parameters on the server (``_cursor``)
+    from psycopg import Cursor as ServerBindingCursor
+except ImportError:  # pragma: no cover - no PostgreSQL driver
+    ServerBindingCursor = None  # type: ignore[assignment,misc]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+M = TypeVar("M", bound=Model)
+
+RUN_FIELDS: dict[str, Field[Any, Any]] = {f.name: f for f in AgentRun._meta.concrete_fields}
+_COLUMNS: dict[type[Model], dict[str, Field[Any, Any]]] = {
+    model: {f.column: f for f in model._meta.concrete_fields}
+    for model in (AgentRun, AgentConfiguration)
+}
+_CREATED_AT = AgentRunEvent._meta.get_field("created_at")
+#: The parameters of a write that appends no events: its ledger tail is kept.
+NO_EVENTS: dict[str, Any] = {"first_sequence": None, "head": None, "next_sequence": None}
 
 
 def state_write(func: Callable[P, R]) -> Callable[P, R]:
@@ -84,233 +73,157 @@ def state_write(func: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def lease_deadline() -> ExpressionWrapper[CombinedExpression]:
-    """``Now() + LEASE_SECONDS`` on the database clock."""
-    return ExpressionWrapper(
-        Now() + Value(timedelta(seconds=app_settings().lease_seconds)),
-        output_field=DateTimeField(),
-    )
+def lease_seconds() -> float:
+    """How long a lease runs from the database clock (``LEASE_SECONDS``): the parameter
+    ``%(lease_seconds)s`` of the statements that take or renew one."""
+    return app_settings().lease_seconds
 
 
-def _owner(lease: Lease) -> list[Any]:
-    return [lease.run_id, str(Status.RUNNING), lease.owner, lease.epoch]
+def json_text(value: Any) -> str:
+    """A JSON column's value as Django's ``JSONField`` writes it (``json.dumps``), for a JSON
+    array parameter that carries it (``%(events)s``, ``%(runs)s``)."""
+    return json.dumps(value)
 
 
-def _segment_update(
-    lease: Lease, values: Mapping[str, Any], written: list[AgentRun] | None = None
-) -> bool:
-    """The owner-guarded ``UPDATE`` of ``values`` (and ``updated_at``); whether it took the row.
-    With ``written``, the row as the ``UPDATE`` left it is appended to it (``RETURNING``, the
-    same statement: no read back).
+# --- Executing a named statement -----------------------------------------------------------------
 
-    Guard: ``id``, ``running``, ``claimed_by`` = owner, ``lease_epoch`` = epoch.
-    """
+
+def _cursor(db: BaseDatabaseWrapper) -> Any:
+    """PostgreSQL: psycopg's cursor that binds the parameters on the server (sent beside the
+    statement rather than quoted into it by the client) as one unnamed statement, which keeps
+    nothing in the server session (safe behind a transaction-mode pooler); wrapped by Django as
+    its own cursors are (query log, execute wrappers, error translation). Elsewhere Django's."""
+    if db.vendor != "postgresql" or ServerBindingCursor is None:
+        return db.cursor()
+    db.close_if_health_check_failed()
+    db.ensure_connection()
+    db.validate_thread_sharing()
+    raw: Any = ServerBindingCursor(db.connection)
+    return db.make_debug_cursor(raw) if db.queries_logged else db.make_cursor(raw)
+
+
+def _bound(db: BaseDatabaseWrapper, name: str, value: Any) -> Any:
+    """A parameter named after a run column is adapted by its model field (JSON, decimals,
+    uuids as Django stores them); ``None`` stays SQL ``NULL``; others are passed as they are."""
+    field = RUN_FIELDS.get(name)
+    if field is None or value is None:
+        return value
+    return field.get_db_prep_save(value, db)
+
+
+def execute(statement: str, params: Mapping[str, Any]) -> tuple[list[str], list[Any]]:
+    """Execute the named ``statement`` with ``params`` bound; the names of the columns it
+    returns and its rows. An error marks an enclosing ``atomic`` block for rollback."""
     db = connections[DEFAULT_DB_ALIAS]
-    shape, params = update_parts(db, values)
-    sql, params = update_sql(db, shape), params + _owner(lease)
-    if written is None:
-        return run_statement(db, sql, params) == 1
-    return _returned(f"{sql} RETURNING {run_columns(db)}", params, written)
+    bound = {name: _bound(db, name, value) for name, value in params.items()}
+    with transaction.mark_for_rollback_on_error(db.alias), _cursor(db) as cursor:
+        cursor.execute(sql(db, statement), bound)
+        if cursor.description is None:
+            return [], []
+        return [column[0] for column in cursor.description], cursor.fetchall()
 
 
-def segment_write(
-    lease: Lease,
-    values: Mapping[str, Any],
-    events: Iterable[EventSpec] = (),
-    *,
-    loop_state: Mapping[str, Any] | None = None,
-    written: list[AgentRun] | None = None,
-    await_commit: bool = False,
-) -> bool:
-    """A segment's own write (the step boundary): one owner-guarded ``UPDATE`` of ``values``
-    (and ``updated_at``, and ``loop_state`` when given) in precompiled SQL, and ``events`` signed
-    by the lease, numbered from its counter and chained from its head. ``False``: the guard
-    matched nothing; nothing was written. ``written``: the row as the write left it is appended
-    to it (returned by the ``UPDATE`` itself, ``RETURNING``: no read back).
-
-    With events the guard also expects the run's ``next_sequence`` to be the lease's counter,
-    and the same ``UPDATE`` advances it and writes the new ledger head. On PostgreSQL the
-    ``UPDATE`` and the INSERT are one statement (``boundary_sql``) in autocommit: there is no
-    moment between them. On SQLite they are two statements in one (IMMEDIATE) transaction.
-
-    An autocommit statement the database has received completes even if the process that sent
-    it dies meanwhile (e.g. while it waits for the row): its guard still decides, and what it
-    records is what the segment did. ``await_commit`` keeps it in a transaction the segment
-    commits itself (``BEGIN``/``COMMIT`` around it), so a death before that ``COMMIT`` undoes it
-    (the boundary that records a non-idempotent write: the run is then in doubt, §9.1).
-    """
-    if loop_state is not None:
-        values = {**values, "loop_state": dict(loop_state)}
-    events = list(events)
-    if not events:
-        return _segment_update(lease, values, written)
-    if lease.head is None:
-        # A lease that does not know the head (and so its counter) reads both from the row:
-        # nobody else appends while the guard can match (and if someone did, the sequence in
-        # the guard refuses the write).
-        _, lease.head, lease.next_sequence = ledger.read_tail(lease.run_id)
-    first = lease.next_sequence
-    links, head = ledger.chain(
-        run_uuid=lease.uuid,
-        prev_hash=lease.head,
-        first_sequence=first,
-        segment=lease.owner,
-        lease_epoch=lease.epoch,
-        events=events,
-    )
-    end = first + len(events)
-    db = connections[DEFAULT_DB_ALIAS]
-    shape, params = update_parts(
-        db, {**values, ledger.HEAD_FIELD: head, ledger.SEQUENCE_FIELD: end}
-    )
-    guard = [*_owner(lease), first]
-    if db.vendor == "postgresql" and len(events) <= EVENT_BATCH:
-        rows = event_rows(db, lease.run_id, first, (lease.owner, lease.epoch), events, links)
-        sql = boundary_sql(db, shape, len(events))
-        if written is not None:  # the row as the UPDATE left it, from the same statement
-            update = update_sql(db, shape, EVENTS_GUARD)
-            columns = run_columns(db)
-            sql = (
-                f"WITH u AS ({update} RETURNING {columns}), "
-                f"e AS ({events_insert_sql(db, len(events))}) SELECT {columns} FROM u"
-            )
-        with transaction.atomic() if db.in_atomic_block or await_commit else nullcontext():
-            # Inside a caller's transaction a failure undoes only this (a savepoint); in
-            # autocommit the statement is its own transaction (no BEGIN/COMMIT).
-            if written is None:
-                taken = run_statement(db, sql, params + guard + rows) == len(events)
-            else:
-                taken = _returned(sql, params + guard + rows, written)
-        if not taken:
-            return False
-    else:
-        with transaction.atomic():
-            update = update_sql(db, shape, EVENTS_GUARD)
-            if written is None:
-                taken = run_statement(db, update, params + guard) == 1
-            else:
-                taken = _returned(f"{update} RETURNING {run_columns(db)}", params + guard, written)
-            if not taken:
-                return False
-            insert_events(lease.run_id, first, lease.owner, lease.epoch, events, links)
-    lease.next_sequence, lease.head = end, head
-    return True
-
-
-def _returned(sql: str, params: list[Any], written: list[AgentRun]) -> bool:
-    """Run a guarded ``UPDATE`` that returns the run's row (``RETURNING``); whether it took
-    the row, which is appended to ``written``."""
-    db = connections[DEFAULT_DB_ALIAS]
-    with transaction.mark_for_rollback_on_error(db.alias):
-        rows = list(AgentRun.objects.raw(sql, params))
-    written += rows
-    return len(rows) == 1
-
-
-def _orm_value(name: str, value: Any) -> Any:
-    if isinstance(value, Later):
-        return ExpressionWrapper(Now() + Value(value.duration), output_field=DateTimeField())
-    if value is DbValue.NOW:
-        return Now()
-    if value is DbValue.LEASE_DEADLINE:
-        return lease_deadline()
-    if value is DbValue.INCREMENT:
-        return F(name) + 1
-    return value
-
-
-def guarded_write(
-    run_id: int,
-    guard: Q,
-    values: Mapping[str, Any],
-    events: Iterable[EventSpec] = (),
-    *,
-    segment: str = "",
-    epoch: int = 0,
-    lease: Lease | None = None,
-    savepoint: bool = True,
-    locked: AgentRun | None = None,
-) -> bool:
-    """Every other state change: one ``UPDATE`` of ``values`` (and ``updated_at``) on the run
-    ``run_id`` filtered by ``guard``, then ``events`` numbered from the run's ``next_sequence``
-    (the ``UPDATE`` holds the row until commit) and chained from the run's head, both read in
-    one ``SELECT`` and written with the events, in one transaction. Events are signed
-    ``segment``/``epoch``, or by ``lease`` (a claim just made), whose counter and head then
-    continue after them. ``False``: the guard matched nothing;
-    nothing was written.
-
-    ``locked``: the run as the caller read it under its row lock (a decision): the events are
-    numbered and chained from its counter and head before the ``UPDATE``, which writes both
-    itself (no read).
-
-    Inside a caller's transaction (the reaper's batch) the write is a savepoint, so a failure
-    undoes only it; ``savepoint=False`` when the caller's transaction is the transition's own."""
-    events = list(events)
-    signer = (lease.owner, lease.epoch) if lease is not None else (segment, epoch)
-    values = {name: _orm_value(name, value) for name, value in values.items()}
-    db = connections[DEFAULT_DB_ALIAS]
-    with transaction.atomic(savepoint=savepoint):
-        if events and locked is not None:
-            first = getattr(locked, ledger.SEQUENCE_FIELD)
-            prev = getattr(locked, ledger.HEAD_FIELD) or ledger.genesis(locked.uuid)
-            links, head = _chain(locked.uuid, prev, first, signer, events)
-            values[ledger.HEAD_FIELD] = head
-            values[ledger.SEQUENCE_FIELD] = first + len(events)
-            if db.vendor == "postgresql" and len(events) <= EVENT_BATCH:
-                # The UPDATE (as the ORM compiles it) and the events in one statement.
-                update, params = orm_update_sql(run_id, guard, {**values, "updated_at": Now()})
-                rows = event_rows(db, run_id, first, signer, events, links)
-                sql = with_events_sql(db, update, len(events))
-                if run_statement(db, sql, params + rows) != len(events):
-                    return False
-                _written(locked, lease, head, first + len(events))
-                return True
-        if events and locked is None:
-            # The UPDATE returns the run's uuid, head and counter, which it does not change:
-            # under the row it holds, the last event's hash and the next free sequence.
-            tail = _update_returning_tail(run_id, guard, {**values, "updated_at": Now()})
-            if tail is None:
-                return False
-            run_uuid, prev, first = tail
-            links, head = _chain(run_uuid, prev, first, signer, events)
-        elif AgentRun.objects.filter(Q(pk=run_id) & guard).update(**values, updated_at=Now()) != 1:
-            return False
-        if events:
-            end = insert_events(run_id, first, *signer, events, links)
-            if locked is None:
-                ledger.write_tail(run_id, head, end)
-            _written(locked, lease, head, end)
-    return True
-
-
-def _update_returning_tail(
-    run_id: int, guard: Q, values: Mapping[str, Any]
-) -> tuple[Any, str, int] | None:
-    """The guarded ``UPDATE`` (as the ORM compiles it) returning the run's uuid, ledger head
-    (the genesis value when never written) and next sequence, in one statement; ``None``: the
-    guard matched nothing."""
-    db = connections[DEFAULT_DB_ALIAS]
-    update, params = orm_update_sql(run_id, guard, values)
-    names = ("uuid", ledger.HEAD_FIELD, ledger.SEQUENCE_FIELD)
-    returning = ", ".join(db.ops.quote_name(RUN_FIELDS[name].column) for name in names)
-    with transaction.mark_for_rollback_on_error(db.alias), db.cursor() as cursor:
-        cursor.execute(f"{update} RETURNING {returning}", params)
-        rows = cursor.fetchall()
-    if len(rows) != 1:
+def write(statement: str, params: Mapping[str, Any]) -> AgentRun | None:
+    """The writer: execute the named guarded ``statement`` with ``params`` bound. The run's row
+    as the statement returns it — the columns it returns loaded, the others deferred (loaded on
+    first access), and its configuration when the statement returns that too (after the run's
+    columns) — or ``None``: the guard matched nothing, and nothing was written."""
+    names, rows = execute(statement, params)
+    if not rows:
         return None
-    stored_uuid, head, sequence = rows[0]
-    run_uuid = RUN_FIELDS["uuid"].to_python(stored_uuid)  # SQLite stores it as hex
-    return run_uuid, head or ledger.genesis(run_uuid), sequence
+    return _row(connections[DEFAULT_DB_ALIAS], names, rows[0])
 
 
-def _written(locked: AgentRun | None, lease: Lease | None, head: str, end: int) -> None:
-    """After appending events: the locked run shows the new head and counter, and the lease
-    (a claim just made) continues after them."""
-    if locked is not None:
-        setattr(locked, ledger.HEAD_FIELD, head)
-        setattr(locked, ledger.SEQUENCE_FIELD, end)
-    if lease is not None:
-        lease.next_sequence, lease.head = end, head
+def _row(db: BaseDatabaseWrapper, names: list[str], values: Sequence[Any]) -> AgentRun:
+    """The run of a returned row; the columns after its own (from the first repeated name on)
+    are its configuration's."""
+    split = len(names)
+    for index, name in enumerate(names):
+        if name in names[:index] or name not in _COLUMNS[AgentRun]:
+            split = index
+            break
+    run = _instance(db, AgentRun, names[:split], values[:split])
+    if split < len(names) and values[split] is not None:
+        run.configuration = _instance(db, AgentConfiguration, names[split:], values[split:])
+    return run
+
+
+def _instance(
+    db: BaseDatabaseWrapper, model: type[M], names: list[str], values: Sequence[Any]
+) -> M:
+    """A ``model`` instance from a row's columns, each value converted as the ORM converts a
+    value it reads (the backend's converters, then the field's ``from_db_value``)."""
+    columns = _COLUMNS[model]
+    loaded: dict[str, Any] = {}
+    for name, value in zip(names, values, strict=True):
+        field = columns[name]
+        col = field.get_col(model._meta.db_table)
+        for convert in [*db.ops.get_db_converters(col), *col.get_db_converters(db)]:
+            value = convert(value, col, db)
+        loaded[field.attname] = value
+    fields = [f.attname for f in model._meta.concrete_fields]
+    return model.from_db(db.alias, fields, [loaded.get(name, DEFERRED) for name in fields])
+
+
+def show(run: AgentRun, row: AgentRun) -> None:
+    """Make ``run`` (read under its row lock) show ``row``, what its write returned, without a
+    read back: the columns the write returned; its cached relations (the configuration read
+    with the lock) are kept."""
+    for field in AgentRun._meta.concrete_fields:
+        if field.attname in row.__dict__:
+            setattr(run, field.attname, row.__dict__[field.attname])
+
+
+# --- Events ------------------------------------------------------------------------------------
+
+
+def event_row(
+    db: BaseDatabaseWrapper,
+    sequence: int,
+    spec: EventSpec,
+    signer: tuple[str, int],
+    chained: ledger.Link,
+    run_id: int | None = None,
+) -> dict[str, Any]:
+    """One event as an element of ``%(events)s``: its ``created_at`` and key id as its link in
+    the chain fixed them (the hash covers them), its payload as JSON text (as Django writes
+    it). ``run_id`` ``None``: the run of the write that appends it."""
+    created = _CREATED_AT.get_db_prep_value(chained.created_at, db)
+    return {
+        "run": run_id,
+        "sequence": sequence,
+        "kind": str(spec.kind),
+        "segment": signer[0],
+        "lease_epoch": signer[1],
+        "duration_ms": spec.duration_ms,
+        "payload": json_text(spec.payload),
+        "actor": spec.actor_id,
+        "created_at": created if isinstance(created, str) else created.isoformat(),
+        "prev_hash": chained.prev_hash,
+        "hash": chained.hash,
+        "ledger_version": ledger.VERSION,
+        "ledger_key": chained.key_id,
+    }
+
+
+def event_rows(
+    first: int, signer: tuple[str, int], events: list[EventSpec], links: list[ledger.Link]
+) -> list[dict[str, Any]]:
+    """``events`` numbered from ``first`` with their ``links`` in the chain (``event_row``)."""
+    if len(links) != len(events):
+        raise ValueError("every event needs its link in the chain")
+    db = connections[DEFAULT_DB_ALIAS]
+    return [
+        event_row(db, first + offset, spec, signer, links[offset])
+        for offset, spec in enumerate(events)
+    ]
+
+
+def append_events(rows: Iterable[dict[str, Any]]) -> None:
+    """Append event rows (``event_row``, each naming its run) in one statement."""
+    rows = list(rows)
+    if rows:
+        execute("append_events", {"events": json.dumps(rows, ensure_ascii=False)})
 
 
 def _chain(
@@ -326,6 +239,132 @@ def _chain(
     )
 
 
-def stale() -> Q:
-    """The reaper's guard: ``running`` with ``lease_expires < Now()`` (the database clock)."""
-    return Q(status=Status.RUNNING, lease_expires__lt=Now())
+def write_with_events(
+    statement: str,
+    params: Mapping[str, Any],
+    rows: list[dict[str, Any]],
+    *,
+    savepoint: bool = True,
+    commit: bool = False,
+) -> AgentRun | None:
+    """``write(statement)`` and the event ``rows`` (of the run it writes) in one transaction:
+    one statement when it appends them itself (in autocommit its own transaction, unless
+    ``commit``; in a caller's, a savepoint unless not ``savepoint``), else ``append_events``
+    after it."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if appends_events(db, statement):
+        own = db.in_atomic_block or commit
+        with transaction.atomic(savepoint=savepoint) if own else nullcontext():
+            return write(statement, {**params, "events": json.dumps(rows, ensure_ascii=False)})
+    with transaction.atomic(savepoint=savepoint):
+        row = write(statement, params)
+        if row is not None:
+            append_events({**event, "run": row.pk} for event in rows)
+        return row
+
+
+# --- The three ways a write appends events ---------------------------------------------------
+
+
+def segment_write(
+    lease: Lease,
+    statement: str,
+    params: Mapping[str, Any],
+    events: Iterable[EventSpec] = (),
+    *,
+    await_commit: bool = False,
+) -> AgentRun | None:
+    """A segment's own write under ``lease`` (its owner guard: ``%(run_id)s``, ``%(owner)s``,
+    ``%(epoch)s``), appending ``events`` signed by the lease, numbered from its counter and
+    chained from its head; the statement's guard then also pins the counter
+    (``%(first_sequence)s``) and it writes the new head and counter. ``None``: the guard
+    matched nothing (the lease is lost); nothing was written.
+
+    On PostgreSQL the write is one statement, in autocommit: an autocommit statement the
+    database has received completes even if the process that sent it dies meanwhile, and its
+    guard still decides. ``await_commit`` keeps a write with events in a transaction the segment
+    commits itself, so a death before that ``COMMIT`` undoes it (the boundary that records a
+    non-idempotent write: the run is then in doubt, §9.1). On SQLite the statement and the
+    events' INSERT are two statements in one (IMMEDIATE) transaction.
+    """
+    params = {**params, "run_id": lease.run_id, "owner": lease.owner, "epoch": lease.epoch}
+    events = list(events)
+    if not events:
+        return write(statement, {**params, **NO_EVENTS, "events": "[]"})
+    if lease.head is None:
+        # A lease that does not know the head (and so its counter) reads both from the row:
+        # nobody else appends while the guard can match (and if someone did, the sequence in
+        # the guard refuses the write).
+        _, lease.head, lease.next_sequence = ledger.read_tail(lease.run_id)
+    first, signer = lease.next_sequence, (lease.owner, lease.epoch)
+    links, head = _chain(lease.uuid, lease.head, first, signer, events)
+    tail = {"first_sequence": first, "head": head, "next_sequence": first + len(events)}
+    row = write_with_events(
+        statement, {**params, **tail}, event_rows(first, signer, events, links), commit=await_commit
+    )
+    if row is not None:
+        lease.next_sequence, lease.head = first + len(events), head
+    return row
+
+
+def locked_write(
+    run: AgentRun,
+    statement: str,
+    params: Mapping[str, Any],
+    events: Iterable[EventSpec] = (),
+    *,
+    signer: tuple[str, int],
+    lease: Lease | None = None,
+) -> AgentRun | None:
+    """A write on ``run``, read under its row lock in the caller's transaction (a decision, a
+    deadline, a check): ``events`` signed ``signer`` (segment, epoch), numbered from the locked
+    row's counter and chained from its head, written with the new head and counter by the
+    same statement (no read). ``lease`` (a claim the write makes) continues after them.
+    ``None``: the guard matched nothing; nothing was written."""
+    params = {**params, "run_id": run.pk}
+    events = list(events)
+    if not events:
+        return write(statement, {**params, **NO_EVENTS, "events": "[]"})
+    first = run.next_sequence
+    links, head = _chain(
+        run.uuid, run.ledger_head or ledger.genesis(run.uuid), first, signer, events
+    )
+    tail = {"first_sequence": first, "head": head, "next_sequence": first + len(events)}
+    rows = event_rows(first, signer, events, links)
+    row = write_with_events(statement, {**params, **tail}, rows, savepoint=False)
+    if row is not None and lease is not None:
+        lease.next_sequence, lease.head = first + len(events), head
+    return row
+
+
+def guarded_write(
+    statement: str,
+    params: Mapping[str, Any],
+    events: Iterable[EventSpec] = (),
+    *,
+    segment: str = "",
+    epoch: int = 0,
+    savepoint: bool = True,
+) -> AgentRun | None:
+    """Any other guarded write, in one transaction: the statement (returning the run's uuid,
+    ledger head and next sequence under the row it now holds), then ``events`` signed
+    ``segment``/``epoch``, numbered and chained from that tail, and the new tail
+    (``write_tail``). ``None``: the guard matched nothing; nothing was written. Inside a
+    caller's transaction (the reaper's batch) the write is a savepoint, so a failure undoes
+    only it; ``savepoint=False`` when the caller's transaction is the transition's own."""
+    events = list(events)
+    with transaction.atomic(savepoint=savepoint):
+        row = write(statement, params)
+        if row is None or not events:
+            return row
+        first, signer = row.next_sequence, (segment, epoch)
+        links, head = _chain(
+            row.uuid, row.ledger_head or ledger.genesis(row.uuid), first, signer, events
+        )
+        append_events(
+            {**event, "run": row.pk} for event in event_rows(first, signer, events, links)
+        )
+        execute(
+            "write_tail", {"run_id": row.pk, "head": head, "next_sequence": first + len(events)}
+        )
+    return row

@@ -33,10 +33,9 @@ from agentruns.models import (
     ApprovalTimeoutAction,
     EventKind,
     Status,
-    TerminationReason,
 )
 from agentruns.models.configuration import MAX_APPROVAL_TIMEOUT
-from agentruns.transitions._writer import DbValue, guarded_write, state_write
+from agentruns.transitions._writer import locked_write, state_write
 from agentruns.transitions.escalation import escalate_locked, escalation_event, escalation_plan
 from agentruns.turns import (
     DEADLINE,
@@ -168,59 +167,41 @@ def run_expire_waiting(*, run_id: int, segment: str) -> Expired | None:
             plan = escalation_plan(run)
             if plan.possible:
                 event = escalation_event(run, plan, digest)
-                guard = _overdue() & Q(status=run.status)
-                if not escalate_locked(run, plan, event, guard=guard, segment=segment):
+                if escalate_locked(run, plan, event, segment=segment) is None:
                     return None  # pragma: no cover - impossible under the row lock
                 return _expired(run, ApprovalTimeoutAction.ESCALATE, event)
             action = plan.fallback
         elif action != ApprovalTimeoutAction.DENY or not _active(run):
             action = ApprovalTimeoutAction.FAIL  # unknown or blank: the safe ending
         event = _event(run, pending, action, digest)
-        if not guarded_write(
-            run.pk,
-            _overdue() & Q(status=run.status),
-            _ending_values(run, action, digest),
-            [event],
-            epoch=run.lease_epoch,
-            segment=segment,
-            savepoint=False,
-            locked=run,
+        statement = "expire_deny" if action == ApprovalTimeoutAction.DENY else "expire_fail"
+        params = _ending_params(run, action, digest)
+        if (
+            locked_write(run, statement, params, [event], signer=(segment, run.lease_epoch)) is None
         ):  # pragma: no cover - impossible under the row lock
             return None
     return _expired(run, str(action), event)
 
 
-def _ending_values(run: AgentRun, action: str, digest: str) -> dict[str, Any]:
-    """The columns a deadline's deny or fail writes."""
+def _ending_params(run: AgentRun, action: str, digest: str) -> dict[str, Any]:
+    """The parameters of a deadline's deny (``expire_deny``) or fail (``expire_fail``): the run's
+    status as locked (the guard), its loop state with the denial, and a failure's error. Both
+    spend the deadline: the guard read it; ``Expired.deadline`` keeps it from the locked row."""
     decision = ApprovalDecision(approved=False, turn_digest=digest, by=DEADLINE)
-    values: dict[str, Any] = {
+    params: dict[str, Any] = {
+        "status": run.status,
         "loop_state": with_decision(
             run.loop_state,
             decision=decision if action == ApprovalTimeoutAction.DENY else None,
             turn_digest=digest,
         ),
-        "pending_turn": None,
-        "claimed_by": "",
-        "lease_expires": None,
-        # Spent: the guard read it; ``Expired.deadline`` keeps it from the locked row.
-        "approval_deadline": None,
-        "approval_timeout_action": "",
     }
-    if action == ApprovalTimeoutAction.DENY:
-        values["status"] = Status.QUEUED
-    else:
-        values.update(
-            status=Status.FAILED,
-            termination_reason=TerminationReason.APPROVAL_EXPIRED,
-            error={
-                "type": "ApprovalExpired",
-                "message": f"nobody decided before the approval deadline ({run.status})",
-            },
-            pending_effect="",
-            pending_call=None,
-            finished_at=DbValue.NOW,
-        )
-    return values
+    if action != ApprovalTimeoutAction.DENY:
+        params["error"] = {
+            "type": "ApprovalExpired",
+            "message": f"nobody decided before the approval deadline ({run.status})",
+        }
+    return params
 
 
 def _expired(run: AgentRun, action: str, event: EventSpec) -> Expired:

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Q
-
 from agentruns.leases import EventSpec
 from agentruns.models import (
     FINAL_TIMEOUT_ACTIONS,
@@ -31,7 +29,7 @@ from agentruns.models import (
     EventKind,
 )
 from agentruns.models.configuration import MAX_APPROVAL_TIMEOUT
-from agentruns.transitions._writer import DbValue, Later, guarded_write
+from agentruns.transitions._writer import locked_write
 from agentruns.turns import DEADLINE
 
 
@@ -109,25 +107,17 @@ def escalation_event(run: AgentRun, plan: EscalationPlan, digest: str) -> EventS
 
 
 def escalate_locked(
-    run: AgentRun, plan: EscalationPlan, event: EventSpec, *, guard: Q, segment: str
-) -> bool:
-    """Hand ``run`` (read under its row lock, inside the caller's transaction) to
-    ``plan``'s group: one guarded ``UPDATE`` and its event. ``False``: the guard matched
-    nothing (impossible under the lock)."""
+    run: AgentRun, plan: EscalationPlan, event: EventSpec, *, segment: str
+) -> AgentRun | None:
+    """Hand ``run`` (read under its row lock, inside the caller's transaction) to ``plan``'s
+    group: the statement ``escalate`` (guard: still waiting in the status read, overdue, and its
+    action ``escalate``) and its event. ``None``: the guard matched nothing (impossible under
+    the lock)."""
     assert plan.possible and plan.timeout is not None
-    values: dict[str, Any] = {
-        "approval_deadline": Later(plan.timeout),
+    params: dict[str, Any] = {
+        "status": run.status,
+        "wait_seconds": plan.timeout.total_seconds(),
         "approval_timeout_action": plan.final,
-        "escalated_at": DbValue.NOW,
         "escalated_to_id": plan.group_id,
     }
-    return guarded_write(
-        run.pk,
-        guard & Q(approval_timeout_action=ApprovalTimeoutAction.ESCALATE),
-        values,
-        [event],
-        epoch=run.lease_epoch,
-        segment=segment,
-        savepoint=False,
-        locked=run,
-    )
+    return locked_write(run, "escalate", params, [event], signer=(segment, run.lease_epoch))

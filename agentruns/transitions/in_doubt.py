@@ -8,11 +8,10 @@ from collections.abc import Callable, Iterable
 from uuid import UUID
 
 from django.db import transaction
-from django.db.models import Q
 
 from agentruns.leases import EventSpec
 from agentruns.models import Status
-from agentruns.transitions._writer import guarded_write, state_write
+from agentruns.transitions._writer import locked_write, state_write
 from agentruns.transitions.deciding import _lock_run
 from agentruns.turns import RECONCILIATION, CheckStatus, PendingTurn, read_pending_turn
 
@@ -51,14 +50,11 @@ def run_note_check(
             return None
         stored = dict(run.pending_turn) if isinstance(run.pending_turn, dict) else {}
         stored["check"] = status.to_json()
-        if not guarded_write(
-            run.pk,
-            Q(status=Status.WAITING_FOR_RECONCILIATION),
-            {"pending_turn": stored},
-            events,
-            epoch=run.lease_epoch,
-            savepoint=False,
-            locked=run,
+        if (
+            locked_write(
+                run, "note_check", {"pending_turn": stored}, events, signer=("", run.lease_epoch)
+            )
+            is None
         ):  # pragma: no cover - impossible under the row lock
             return None
     return PendingTurn.parse(stored, status=Status.WAITING_FOR_RECONCILIATION, run_uuid=run.uuid)

@@ -5,35 +5,18 @@ for its fallback and for the wake-ups that could not be sent."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import timedelta
 from typing import Any
 
-from django.db import connection, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
-from django.db.models.functions import Now
+from django.db import transaction
 
 from agentruns.leases import EventSpec
-from agentruns.models import (
-    AgentRun,
-    Effect,
-    Status,
-    TerminationReason,
-)
 from agentruns.transitions._batch import (
-    batch_update,
+    batch_write,
     chain_batch_events,
-    increment_sql,
     insert_batch_events,
-    now_sql,
-    stale_guard_sql,
     tail_values,
 )
-from agentruns.transitions._writer import (
-    DbValue,
-    guarded_write,
-    stale,
-    state_write,
-)
+from agentruns.transitions._writer import guarded_write, json_text, state_write
 from agentruns.turns import (
     PendingTurn,
 )
@@ -66,58 +49,30 @@ def runs_reap_stale(
     ``UPDATE``. An id missing from the result: renewed or changed meanwhile — skip it, it got no
     event. Call only while holding the runs' rows (the batch's ``FOR UPDATE``).
     """
-    stale_params = [str(Status.RUNNING)]
     with transaction.atomic():
         # Numbered and chained before the UPDATEs, which write each run's new ledger head with
         # its verdict: a run an UPDATE skips keeps its head and gets no event.
         chained = chain_batch_events(events, segment=segment, epoch=0)
-        taken = batch_update(
-            guard=stale_guard_sql() + f" AND {_pending_effect_sql()} = %s",
-            guard_params=[*stale_params, str(Effect.NON_IDEMPOTENT_WRITE)],
-            fixed={
-                "status": Status.WAITING_FOR_RECONCILIATION,
-                "claimed_by": "",
-                "lease_expires": None,
-            },
-            per_run={
-                run_id: {"pending_turn": turn.to_json(), **tail_values(chained, run_id)}
+        taken = batch_write(
+            "reap_in_doubt",
+            {
+                run_id: {"pending_turn": json_text(turn.to_json()), **tail_values(chained, run_id)}
                 for run_id, turn in in_doubt.items()
             },
         )
-        taken |= batch_update(
-            guard=stale_guard_sql(),
-            guard_params=stale_params,
-            fixed={
-                "status": Status.FAILED,
-                "output": "",
-                "claimed_by": "",
-                "lease_expires": None,
-                "pending_effect": "",
-                "pending_call": None,
-                "pending_turn": None,
-                "finished_at": now_sql(),
-            },
-            per_run={
+        taken |= batch_write(
+            "reap_failed",
+            {
                 run_id: {
-                    "termination_reason": reason,
-                    "error": dict(error),
+                    "termination_reason": str(reason),
+                    "error": json_text(dict(error)),
                     **tail_values(chained, run_id),
                 }
                 for run_id, (reason, error) in dead_lettered.items()
             },
         )
-        taken |= batch_update(
-            guard=stale_guard_sql(),
-            guard_params=stale_params,
-            fixed={
-                "status": Status.QUEUED,
-                "requeue_count": increment_sql("requeue_count"),
-                "claimed_by": "",
-                "lease_expires": None,
-                "pending_effect": "",
-                "pending_call": None,
-            },
-            per_run={run_id: tail_values(chained, run_id) for run_id in reclaim},
+        taken |= batch_write(
+            "reap_reclaim", {run_id: tail_values(chained, run_id) for run_id in reclaim}
         )
         insert_batch_events(
             {run_id: event for run_id, event in events.items() if run_id in taken},
@@ -128,54 +83,29 @@ def runs_reap_stale(
     return taken
 
 
-def _pending_effect_sql() -> str:
-    return connection.ops.quote_name(AgentRun._meta.get_field("pending_effect").column)
-
-
 @state_write
 def run_reclaim_stale(*, run_id: int, segment: str, event: EventSpec) -> bool:
-    """Take a stale run back to ``queued`` for a worker: budget + 1, claim and fence cleared.
+    """Take a stale run back to ``queued`` for a worker: budget + 1, claim and fence cleared
+    (the statement ``reclaim_stale``).
 
     Guard: ``running`` and ``lease_expires < Now()``, re-checked in the UPDATE itself. ``False``:
     the holder renewed meanwhile — skip it.
     """
-    return guarded_write(
-        run_id,
-        stale(),
-        {
-            "status": Status.QUEUED,
-            "requeue_count": DbValue.INCREMENT,
-            "claimed_by": "",
-            "lease_expires": None,
-            "pending_effect": "",
-            "pending_call": None,
-        },
-        [event],
-        segment=segment,
-    )
+    return guarded_write("reclaim_stale", {"run_id": run_id}, [event], segment=segment) is not None
 
 
 @state_write
 def run_mark_in_doubt(
     *, run_id: int, pending_turn: PendingTurn, segment: str, event: EventSpec
 ) -> bool:
-    """Park a stale run caught mid non-idempotent write in ``waiting_for_reconciliation``.
+    """Park a stale run caught mid non-idempotent write in ``waiting_for_reconciliation`` (the
+    statement ``mark_in_doubt``).
 
     Guard: ``running``, ``lease_expires < Now()`` and fence ``non_idempotent_write``. Claim and
     lease cleared; ``pending_effect``/``pending_call`` kept for the reconciler. ``False``: skip.
     """
-    return guarded_write(
-        run_id,
-        stale() & Q(pending_effect=Effect.NON_IDEMPOTENT_WRITE),
-        {
-            "status": Status.WAITING_FOR_RECONCILIATION,
-            "claimed_by": "",
-            "lease_expires": None,
-            "pending_turn": pending_turn.to_json(),
-        },
-        [event],
-        segment=segment,
-    )
+    params = {"run_id": run_id, "pending_turn": pending_turn.to_json()}
+    return guarded_write("mark_in_doubt", params, [event], segment=segment) is not None
 
 
 @state_write
@@ -183,44 +113,27 @@ def run_settle_undispatched(
     *, run_id: int, lease_epoch: int, error: Mapping[str, Any], segment: str, event: EventSpec
 ) -> bool:
     """Settle a run the reaper reclaimed but whose wake-up could not be sent: ``failed`` /
-    ``not_retryable``, never left ``queued`` with nothing to wake it (docs/design.md §8.3).
+    ``not_retryable``, never left ``queued`` with nothing to wake it (docs/design.md §8.3; the
+    statement ``settle_undispatched``).
 
     Guard: ``queued``, unclaimed and still at ``lease_epoch`` (the epoch the reclaim left), so a
     worker that claimed it meanwhile (a stale or duplicate task) keeps it. ``False``: skip.
     """
-    return guarded_write(
-        run_id,
-        Q(status=Status.QUEUED, claimed_by="", lease_epoch=lease_epoch),
-        {
-            "status": Status.FAILED,
-            "termination_reason": TerminationReason.NOT_RETRYABLE,
-            "error": dict(error),
-            "pending_turn": None,
-            "finished_at": DbValue.NOW,
-        },
-        [event],
-        segment=segment,
-    )
+    params = {"run_id": run_id, "lease_epoch": lease_epoch, "error": dict(error)}
+    return guarded_write("settle_undispatched", params, [event], segment=segment) is not None
 
 
 @state_write
 def run_mark_redispatched(
     *, run_id: int, older_than_seconds: float, segment: str, event: EventSpec
 ) -> bool:
-    """Note that the reaper is about to send a fresh wake-up to a queued run nobody claimed.
+    """Note that the reaper is about to send a fresh wake-up to a queued run nobody claimed (the
+    statement ``mark_redispatched``).
 
     Guard: ``queued``, unclaimed and ``updated_at`` older than ``older_than_seconds`` on the
     database clock (re-checked here, so of two reapers only one redispatches). Bumps
     ``updated_at`` (the next redispatch waits a whole period) and appends ``event``. ``False``:
     claimed, touched, cancelled or settled meanwhile — send nothing.
     """
-    cutoff = ExpressionWrapper(
-        Now() - Value(timedelta(seconds=older_than_seconds)), output_field=DateTimeField()
-    )
-    return guarded_write(
-        run_id,
-        Q(status=Status.QUEUED, claimed_by="", updated_at__lt=cutoff),
-        {},
-        [event],
-        segment=segment,
-    )
+    params = {"run_id": run_id, "older_than_seconds": older_than_seconds}
+    return guarded_write("mark_redispatched", params, [event], segment=segment) is not None

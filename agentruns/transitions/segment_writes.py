@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
 from django.db.models.functions import Now
 
 from agentruns import ledger
@@ -24,12 +25,12 @@ from agentruns.models import (
     Status,
 )
 from agentruns.transitions import _claim
-from agentruns.transitions._sql import RUN_FIELDS, insert_events
 from agentruns.transitions._writer import (
-    DbValue,
-    Later,
+    RUN_FIELDS,
+    append_events,
+    event_rows,
     guarded_write,
-    lease_deadline,
+    lease_seconds,
     segment_write,
     state_write,
 )
@@ -75,13 +76,15 @@ def run_start(
             request=dict(request),
             status=Status.RUNNING,
             claimed_by=identity,
-            lease_expires=lease_deadline(),
+            lease_expires=ExpressionWrapper(
+                Now() + Value(timedelta(seconds=lease_seconds())), output_field=DateTimeField()
+            ),
             lease_epoch=1,
             started_at=Now(),
             **{ledger.HEAD_FIELD: head, ledger.SEQUENCE_FIELD: len(born)},
         )
-        end = insert_events(run.pk, 0, identity, 1, born, links)
-    return Lease(run.pk, run_uuid, identity, 1, next_sequence=end, head=head)
+        append_events({**row, "run": run.pk} for row in event_rows(0, (identity, 1), born, links))
+    return Lease(run.pk, run_uuid, identity, 1, next_sequence=len(born), head=head)
 
 
 @state_write
@@ -114,16 +117,6 @@ CLAIM_ATTEMPTS = 3
 
 
 @state_write
-def run_claim_queued(
-    *, identity: str, run_id: int | None = None, run_uuid: UUID | str | None = None
-) -> Lease | None:
-    """Claim a ``queued`` run, named by ``run_id`` or ``run_uuid``: ``running``, a lease for
-    ``identity``, epoch + 1 (``run_claim_queued_row``, without the row)."""
-    claimed = run_claim_queued_row(identity=identity, run_id=run_id, run_uuid=run_uuid)
-    return None if claimed is None else claimed.lease
-
-
-@state_write
 def run_claim_queued_row(
     *, identity: str, run_id: int | None = None, run_uuid: UUID | str | None = None
 ) -> Claimed | None:
@@ -132,12 +125,12 @@ def run_claim_queued_row(
     event. Returns the lease with the row as the claim left it and its configuration (and, on a
     run's first claim, its events: the claim's own), so the segment reads none of them again.
 
-    A compare-and-set on ``(status, lease_epoch, next_sequence, ledger_head)`` in one statement
-    (``_claim``): of any number of concurrent claimers exactly one matches. A run named by uuid
-    is first tried as never claimed (no read); otherwise, or when that matches nothing, the row
-    is read and the guard tried with what it holds. ``None`` means another worker won, the run
-    is no longer queued (cancelled, already running, terminal) or there is no such run: do
-    nothing.
+    A compare-and-set on ``(status, lease_epoch, next_sequence, ledger_head)`` in one guarded
+    write (the statement ``claim``): of any number of concurrent claimers exactly one matches. A
+    run named by uuid is first tried as never claimed (no read); otherwise, or when that matches
+    nothing, the row is read and the guard tried with what it holds. ``None`` means another
+    worker won, the run is no longer queued (cancelled, already running, terminal) or there is
+    no such run: do nothing.
     """
     if (run_id is None) == (run_uuid is None):
         raise ValueError("name the run by run_id or by run_uuid")
@@ -150,15 +143,13 @@ def run_claim_queued_row(
         if named is None:
             return None
         tail = _claim.Tail.unclaimed(named)
-        claimed = _claim.claim(
-            by="uuid", value=named, run_uuid=named, tail=tail, identity=identity, events=events
-        )
+        claimed = _claim.claim(run_uuid=named, tail=tail, identity=identity, events=events)
         if claimed is not None:
             return _claimed(claimed, tail, events)
         where = Q(uuid=named)
     else:
         where = Q(pk=run_id)
-    fields = ("pk", "uuid", "status", "lease_epoch", ledger.SEQUENCE_FIELD, ledger.HEAD_FIELD)
+    fields = ("uuid", "status", "lease_epoch", ledger.SEQUENCE_FIELD, ledger.HEAD_FIELD)
     for _ in range(CLAIM_ATTEMPTS):
         try:
             row = AgentRun.objects.filter(where).values(*fields).first()
@@ -169,14 +160,7 @@ def run_claim_queued_row(
         tail = _claim.Tail(
             row["lease_epoch"], row[ledger.SEQUENCE_FIELD], row[ledger.HEAD_FIELD], row["uuid"]
         )
-        claimed = _claim.claim(
-            by="id",
-            value=row["pk"],
-            run_uuid=row["uuid"],
-            tail=tail,
-            identity=identity,
-            events=events,
-        )
+        claimed = _claim.claim(run_uuid=row["uuid"], tail=tail, identity=identity, events=events)
         if claimed is not None:
             return _claimed(claimed, tail, events)
     return None
@@ -210,21 +194,17 @@ def run_heartbeat(
     cost: Decimal | None = None,
 ) -> bool:
     """Renew the lease (a step boundary may also save ``loop_state``, the run's ``cost`` so far
-    and append events).
+    and append events): the statement ``heartbeat``.
 
     Guard: ``running``, ``claimed_by`` = owner, ``lease_epoch`` = epoch. ``False``: lease lost.
     """
-    return segment_write(
-        lease,
-        {"lease_expires": DbValue.LEASE_DEADLINE, **_cost(cost)},
-        events,
-        loop_state=loop_state,
-    )
+    params = {"lease_seconds": lease_seconds(), "loop_state": _dict(loop_state), "cost": cost}
+    return segment_write(lease, "heartbeat", params, events) is not None
 
 
-def _cost(cost: Decimal | None) -> dict[str, Decimal]:
-    """The run's cost so far, written with the events that record the answers it adds up."""
-    return {} if cost is None else {"cost": cost}
+def _dict(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A JSON column's value given as a mapping (``None``: not given, the column kept)."""
+    return None if value is None else dict(value)
 
 
 @state_write
@@ -235,19 +215,18 @@ def run_stamp_fence(
     call: Mapping[str, Any],
     loop_state: Mapping[str, Any] | None = None,
 ) -> bool:
-    """Stamp the write in flight (its effect and call) before the tool runs; renews the lease.
+    """Stamp the write in flight (its effect and call) before the tool runs; renews the lease
+    (the statement ``stamp_fence``).
 
     ``False``: lease lost — the write must not start.
     """
-    return segment_write(
-        lease,
-        {
-            "pending_effect": effect,
-            "pending_call": dict(call),
-            "lease_expires": DbValue.LEASE_DEADLINE,
-        },
-        loop_state=loop_state,
-    )
+    params = {
+        "pending_effect": str(effect),
+        "pending_call": dict(call),
+        "lease_seconds": lease_seconds(),
+        "loop_state": _dict(loop_state),
+    }
+    return segment_write(lease, "stamp_fence", params) is not None
 
 
 @state_write
@@ -259,25 +238,19 @@ def run_clear_fence(
     cost: Decimal | None = None,
     in_doubt_unless_committed: bool = False,
 ) -> bool:
-    """Clear the fence after the tool ran (a heartbeat too). ``False``: lease lost.
+    """Clear the fence after the tool ran (a heartbeat too; the statement ``clear_fence``).
+    ``False``: lease lost.
 
     ``in_doubt_unless_committed`` (the fence of a non-idempotent write): the write commits only
     on the segment's own ``COMMIT`` (``segment_write``'s ``await_commit``), so a segment that
     dies while its boundary waits leaves the write in doubt for reconciliation (§9.1) rather
     than landing after it died.
     """
-    return segment_write(
-        lease,
-        {
-            "pending_effect": "",
-            "pending_call": None,
-            "lease_expires": DbValue.LEASE_DEADLINE,
-            **_cost(cost),
-        },
-        events,
-        loop_state=loop_state,
-        await_commit=in_doubt_unless_committed,
+    params = {"lease_seconds": lease_seconds(), "loop_state": _dict(loop_state), "cost": cost}
+    written = segment_write(
+        lease, "clear_fence", params, events, await_commit=in_doubt_unless_committed
     )
+    return written is not None
 
 
 @state_write
@@ -288,47 +261,32 @@ def run_suspend(
     pending_turn: PendingTurn,
     loop_state: Mapping[str, Any],
     events: Iterable[EventSpec] = (),
-    written: list[AgentRun] | None = None,
     deadline: WaitDeadline | None = None,
     cost: Decimal | None = None,
-) -> bool:
-    """Park a running run in a ``waiting_for_*`` state with its pending turn; release the claim.
+) -> AgentRun | None:
+    """Park a running run in a ``waiting_for_*`` state with its pending turn; release the claim
+    (the statement ``suspend``). Returns the parked row as the write returned it (no read back).
 
     ``deadline`` (§5.11): when the wait ends, by the database clock (``Now() + timeout``), and
     what happens then, written by the same ``UPDATE`` — the run never waits without the deadline
     its configuration gave it; none (or no timeout) clears an earlier wait's. An earlier wait's
     escalation is cleared either way.
 
-    ``False``: the run was cancelled or the lease lost meanwhile — fail closed, never announce a
-    resumable pause. ``written``: see ``segment_write`` (the parked row, without a read back).
+    ``None``: the run was cancelled or the lease lost meanwhile — fail closed, never announce a
+    resumable pause.
     """
     if status not in {Status.WAITING_FOR_APPROVAL, Status.WAITING_FOR_INPUT}:
         raise ValueError(f"cannot suspend into {status!r}")
-    # A new wait is nobody's escalation yet (``transitions.escalation``).
-    waits: dict[str, Any] = {
-        "approval_deadline": None,
-        "approval_timeout_action": "",
-        "escalated_at": None,
-        "escalated_to": None,
+    timeout = deadline.timeout if deadline is not None else None
+    params = {
+        "status": str(status),
+        "pending_turn": pending_turn.to_json(),
+        "wait_seconds": None if timeout is None else timeout.total_seconds(),
+        "approval_timeout_action": "" if deadline is None or timeout is None else deadline.action,
+        "loop_state": dict(loop_state),
+        "cost": cost,
     }
-    if deadline is not None and deadline.timeout is not None:
-        waits.update(
-            approval_deadline=Later(deadline.timeout), approval_timeout_action=deadline.action
-        )
-    return segment_write(
-        lease,
-        {
-            "status": status,
-            "pending_turn": pending_turn.to_json(),
-            "claimed_by": "",
-            "lease_expires": None,
-            **waits,
-            **_cost(cost),
-        },
-        events,
-        loop_state=loop_state,
-        written=written,
-    )
+    return segment_write(lease, "suspend", params, events)
 
 
 @state_write
@@ -340,7 +298,8 @@ def run_park_in_doubt(
     events: Iterable[EventSpec] = (),
 ) -> bool:
     """Park a running run whose non-idempotent write has an unknown outcome in
-    ``waiting_for_reconciliation``, as the reaper parks one whose segment died mid-write.
+    ``waiting_for_reconciliation``, as the reaper parks one whose segment died mid-write (the
+    statement ``park_in_doubt``).
 
     Guard: owner (the segment holding the lease stamped the fence; nobody else can change it).
     The fence is kept: ``pending_effect`` and ``pending_call`` name the call for the reconciler.
@@ -349,17 +308,8 @@ def run_park_in_doubt(
     """
     if pending_turn.kind != "reconciliation":
         raise ValueError("only a reconciliation turn parks a run in doubt")
-    return segment_write(
-        lease,
-        {
-            "status": Status.WAITING_FOR_RECONCILIATION,
-            "pending_turn": pending_turn.to_json(),
-            "claimed_by": "",
-            "lease_expires": None,
-        },
-        events,
-        loop_state=loop_state,
-    )
+    params = {"pending_turn": pending_turn.to_json(), "loop_state": dict(loop_state)}
+    return segment_write(lease, "park_in_doubt", params, events) is not None
 
 
 @state_write
@@ -369,23 +319,12 @@ def run_requeue(
     error: Mapping[str, Any],
     events: Iterable[EventSpec] = (),
 ) -> bool:
-    """Hand a failed running run back to the queue for a retry: ``queued``, budget + 1.
+    """Hand a failed running run back to the queue for a retry: ``queued``, budget + 1 (the
+    statement ``requeue``).
 
     Guard: owner. Claim and fence cleared. ``False``: lease lost.
     """
-    return segment_write(
-        lease,
-        {
-            "status": Status.QUEUED,
-            "requeue_count": DbValue.INCREMENT,
-            "claimed_by": "",
-            "lease_expires": None,
-            "pending_effect": "",
-            "pending_call": None,
-            "error": dict(error),
-        },
-        events,
-    )
+    return segment_write(lease, "requeue", {"error": dict(error)}, events) is not None
 
 
 @state_write
@@ -397,42 +336,28 @@ def run_hand_back(
     cost: Decimal | None = None,
 ) -> bool:
     """Hand a running run back to the queue because its worker is stopping (docs/design.md
-    §3.8): ``queued``, claim, lease and fence cleared, ``loop_state`` saved, ``events``
-    appended; the budget (``requeue_count``) is untouched — nothing failed.
+    §3.8; the statement ``hand_back``): ``queued``, claim, lease and fence cleared,
+    ``loop_state`` saved, ``events`` appended; the budget (``requeue_count``) is untouched —
+    nothing failed.
 
     Written at a safe point only: between steps, where a fence still stamped belongs to a write
     that finished and whose ``tool`` event is among ``events`` (its deferred clear), never while
     a write is in flight. Guard: owner. ``False``: the lease is lost (or the run cancelled).
     """
-    return segment_write(
-        lease,
-        {
-            "status": Status.QUEUED,
-            "claimed_by": "",
-            "lease_expires": None,
-            "pending_effect": "",
-            "pending_call": None,
-            **_cost(cost),
-        },
-        events,
-        loop_state=loop_state,
-    )
+    params = {"loop_state": dict(loop_state), "cost": cost}
+    return segment_write(lease, "hand_back", params, events) is not None
 
 
 @state_write
 def run_notice_cancel(
     lease: Lease, *, events: Iterable[EventSpec] = (), cost: Decimal | None = None
 ) -> bool:
-    """Record that the segment holding the run saw its cancel at a step boundary.
+    """Record that the segment holding the run saw its cancel at a step boundary (the statement
+    ``notice_cancel``).
 
     Guard: ``cancelled`` and still naming this owner and epoch (a cancel keeps the claim so the
     holder can recognise it). Releases the claim; the terminal outcome is untouched.
     """
-    return guarded_write(
-        lease.run_id,
-        Q(status=Status.CANCELLED, claimed_by=lease.owner, lease_epoch=lease.epoch),
-        {"claimed_by": "", **_cost(cost)},
-        events,
-        segment=lease.owner,
-        epoch=lease.epoch,
-    )
+    params = {"run_id": lease.run_id, "owner": lease.owner, "epoch": lease.epoch, "cost": cost}
+    written = guarded_write("notice_cancel", params, events, segment=lease.owner, epoch=lease.epoch)
+    return written is not None

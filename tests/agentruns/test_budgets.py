@@ -534,9 +534,9 @@ def _per_round(configuration) -> dict[str, int]:
             run_start_sync(configuration=configuration, prompt="go", options={"script": script})
         seen: Counter = Counter()
         for query in captured.captured_queries:
-            words = query["sql"].split()
+            words = query["sql"].replace('"', "").split()  # Django quotes names; statements not
             if words[0] in ("UPDATE", "SELECT"):
-                table = next((w for w in words if w.startswith('"agentruns_')), "?")
+                table = next((w for w in words if w.startswith("agentruns_")), "?")
                 seen[f"{words[0]} {table}"] += 1
             elif words[0] == "INSERT":
                 seen[f"INSERT {words[2]}"] += 1
@@ -556,7 +556,7 @@ def test_cost_adds_no_statement_to_an_unpriced_round_and_one_ledger_write_to_a_p
     boundaries = (
         {"WITH": 2}
         if postgresql
-        else {'UPDATE "agentruns_agentrun"': 2, 'INSERT "agentruns_agentrunevent"': 2}
+        else {"UPDATE agentruns_agentrun": 2, "INSERT agentruns_agentrunevent": 2}
     )
     assert {key: unpriced.get(key) for key in boundaries} == boundaries
     assert not any("spendday" in key for key in unpriced)
@@ -568,7 +568,7 @@ def test_cost_adds_no_statement_to_an_unpriced_round_and_one_ledger_write_to_a_p
 
     # Priced: the answer's boundary also charges the ledger, inside a savepoint (on PostgreSQL
     # the boundary, otherwise its own transaction in autocommit, then needs one around both).
-    charge = {'INSERT "agentruns_spendday"': 1, "SAVEPOINT": 1, "RELEASE": 1}
+    charge = {"INSERT agentruns_spendday": 1, "SAVEPOINT": 1, "RELEASE": 1}
     if postgresql:
         charge.update({"BEGIN": 1, "COMMIT": 1})
     assert added(_per_round(priced())) == charge
@@ -578,8 +578,8 @@ def test_cost_adds_no_statement_to_an_unpriced_round_and_one_ledger_write_to_a_p
     checked = added(_per_round(priced(daily_budget=Decimal("100"), max_tokens_per_call=2000)))
     assert checked == {
         **charge,
-        'INSERT "agentruns_spendday"': 2,
-        'INSERT "agentruns_spendhold"': 1,
+        "INSERT agentruns_spendday": 2,
+        "INSERT agentruns_spendhold": 1,
         "DELETE": 1,
         "BEGIN": charge.get("BEGIN", 0) + 1,
         "COMMIT": charge.get("COMMIT", 0) + 1,

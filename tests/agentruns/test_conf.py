@@ -30,7 +30,6 @@ def test_without_an_agentruns_setting_every_name_has_its_default(settings) -> No
     assert read.secret_env_prefixes == ("LEASEHOLD_",)
     assert read.user_daily_budget is None
     assert read.cost_currency == "USD"
-    assert read.prepared_statements is False
     expected = {
         name.lower(): tuple(default) if isinstance(default, list) else default
         for name, default in conf.DEFAULTS.items()

@@ -44,7 +44,6 @@ from agentruns.models import (
 from agentruns.services import reaper, runs
 from agentruns.services.runtime.results import Outcome
 from agentruns.transitions import (
-    run_claim_queued,
     run_clear_fence,
     run_decide,
     run_enqueue,
@@ -63,6 +62,7 @@ from tests.agentruns.support.transitions import (
     DIGEST,
     REAPER,
     WORKER,
+    claim_lease,
     reaper_event,
     snapshot,
     start,
@@ -120,7 +120,7 @@ def test_the_reaper_finds_nothing_to_reap_on_live_runs(fast_clock):
     """Live runs of every kind — claimed at birth, by a worker, mid non-idempotent write — with
     leases a minute long: to a clock ten minutes fast each has expired nine minutes ago."""
     born = start()
-    claimed = run_claim_queued(run_id=enqueued().pk, identity=WORKER)
+    claimed = claim_lease(run_id=enqueued().pk, identity=WORKER)
     assert claimed is not None
     fenced = start()
     assert run_stamp_fence(fenced, effect=Effect.NON_IDEMPOTENT_WRITE, call=CALL)
@@ -165,7 +165,7 @@ def _renewing(write: Callable[[Lease], bool]) -> Callable[[], Lease | None]:
 
 def _claiming() -> Callable[[], Lease | None]:
     run = enqueued()
-    return lambda: run_claim_queued(run_id=run.pk, identity=WORKER)
+    return lambda: claim_lease(run_id=run.pk, identity=WORKER)
 
 
 def _deciding_inline() -> Callable[[], Lease | None]:

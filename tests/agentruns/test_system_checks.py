@@ -65,7 +65,6 @@ def test_e001_a_setting_that_is_not_a_dict() -> None:
         ("TOOL_TIMEOUT_SECONDS", None),
         ("MCP_STDIO_ALLOWED", "maybe"),
         ("NOTIFY_EMAIL", 1),
-        ("PREPARED_STATEMENTS", "sometimes"),
         ("WEBHOOK_ALLOWLIST", {"hooks.example": True}),
         ("WEBHOOK_ALLOWLIST", ["hooks.example", 8080]),
         ("SECRET_ENV_PREFIXES", None),

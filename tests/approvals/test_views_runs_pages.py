@@ -11,7 +11,7 @@ from agentruns.models import AgentRun
 from agentruns.services import runs
 from tests.agentruns.factories import AgentRunFactory
 from tests.approvals.conftest import start_waiting_run
-from tests.approvals.support.html import heading_levels, headings_in_order
+from tests.approvals.support.html import heading_levels, headings_in_order, sentences
 
 pytestmark = pytest.mark.django_db
 
@@ -109,4 +109,4 @@ def test_an_unknown_run_page_goes_back_to_the_inbox(client, decider):
     client.force_login(decider)
     response = client.get(reverse("approvals:run", args=[uuid.uuid4()]), follow=True)
     assert response.redirect_chain == [(reverse("approvals:inbox"), 302)]
-    assert [str(m) for m in response.context["messages"]] == ["That run does not exist."]
+    assert sentences(response) == ["That run does not exist."]

@@ -222,7 +222,7 @@ def test_a_streamed_run_that_suspends_ends_with_the_decision_form(dev_client):
     received = list(lines(stream(dev_client, configuration="notes", prompt="note it")))
     end = received[-1]
     assert end["event"] == "end" and end["outcome"] == "awaiting_approval"
-    assert 'name="approved" value="1"' in end["html"]
+    assert 'name="decision" value="approve"' in end["html"]
     assert "csrfmiddlewaretoken" in end["html"]
 
 
@@ -310,7 +310,8 @@ def test_streamed_input_values_the_form_refuses_are_one_error_line_with_the_form
         {"path": ["answer"], "message": "This field is required."},
         {"path": ["priority"], "message": "Enter a whole number."},
     ]
-    assert "Your answer: This field is required." in line["html"] and 'value="two"' in line["html"]
+    assert "Correct “Your answer”" in line["html"] and 'value="two"' in line["html"]
+    assert line["html"].count("This field is required.") == 1  # said once, beside its field
     assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_INPUT
 
 

@@ -51,10 +51,12 @@ class SegmentResult:
 
 @dataclass(frozen=True)
 class Stop:
-    """A step's verdict that the segment is over: returned, never raised, up to the loop."""
+    """A step's verdict that the segment is over: returned, never raised, up to the loop.
+    ``run``: the row the segment's last write returned (a suspend's), its result without a read."""
 
     outcome: str
     detail: dict[str, Any] = field(default_factory=dict)
+    run: AgentRun | None = None
 
     @classmethod
     def of(cls, outcome: str, **detail: Any) -> Stop:

@@ -17,7 +17,7 @@ In a worker:
 
 * ``requested()`` — whether its cluster was told to stop: a read of that byte, no system call.
   The worker's segment asks it at its safe points (before each round and each call) and hands
-  its run back there (``RunSegment._hand_back``); a worker that is stopping claims nothing new.
+  its run back there (``Boundaries.hand_back``); a worker that is stopping claims nothing new.
 * ``interruptible()`` — around a read tool in flight: once a stop was requested and
   ``STOP_GRACE_SECONDS`` have passed, a short-lived watcher thread sends SIGUSR1 to the main
   thread, whose handler raises ``StopRequested`` inside the read. A read changes nothing, so the

@@ -19,7 +19,7 @@ patterns, the size and depth bounds of ``AGENTRUNS_MAX_ARGUMENT_CHARS``, no fetc
   written around ``clean``): no answer could match it.
 
 Free of the segment: ``judge`` reads the schema, the answer and the loop state, and returns the
-events to write; the segment's one hook (``RunSegment._final_answer``) writes them.
+events to write; the segment's one hook (``segment._settle_answer``) writes them.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from agentruns.models import (
 from agentruns.providers.replies import MAX_CALL_TOKENS, MAX_CONTENT_CHARS, MAX_TOOL_CALLS
 from agentruns.providers.scripted import ScriptedProvider
 from agentruns.services import reaper, runs
-from agentruns.services.runtime import provider_step
+from agentruns.services.runtime import model_step, segment
 from agentruns.storable import REPLACEMENT
 from playground.models import Note
 from tests.agentruns.support.runtime import (
@@ -92,7 +92,7 @@ def play(monkeypatch, scripted_recordings):
     def provider_for(configuration: Any, request: Any) -> ScriptedProvider:
         return ScriptedProvider(script=held["script"], model="scripted")
 
-    monkeypatch.setattr(provider_step, "provider_for", provider_for)
+    monkeypatch.setattr(segment, "provider_for", provider_for)
     return lambda script: held.__setitem__("script", script)
 
 
@@ -201,13 +201,13 @@ def test_a_segment_dying_between_the_refusal_and_its_settle_leaves_the_next_to_r
     the settle. The run is as after a crash inside the call: the reaper requeues it, the next
     segment asks again, is refused again and settles — one ``error`` event, no tool run."""
     play([{"tool_calls": [{"name": "probe_write", "arguments": {"value": "a\x00b"}}]}])
-    settle_events = provider_step.settle_events
+    settle_events = model_step.settle_events
 
     def dies_once(exc: Any, error: Any) -> Any:
-        monkeypatch.setattr(provider_step, "settle_events", settle_events)
+        monkeypatch.setattr(model_step, "settle_events", settle_events)
         raise ProcessDied()
 
-    monkeypatch.setattr(provider_step, "settle_events", dies_once)
+    monkeypatch.setattr(model_step, "settle_events", dies_once)
     queued = runs.run_enqueue(configuration=config(), prompt="go")
 
     with pytest.raises(ProcessDied):

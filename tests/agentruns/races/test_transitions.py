@@ -20,7 +20,6 @@ from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status
 from agentruns.transitions import (
     run_cancel,
-    run_claim_queued,
     run_clear_fence,
     run_decide,
     run_hand_back,
@@ -40,6 +39,7 @@ from tests.agentruns.support.transitions import (
     DIGEST,
     STATE,
     approval_turn,
+    claim_lease,
     expire,
     start,
 )
@@ -126,7 +126,7 @@ def test_eight_workers_claim_one_queued_run_and_exactly_one_wins(round_):
 
     outcomes = race(
         [
-            (lambda i=i: run_claim_queued(run_id=run.pk, identity=f"worker:host-{i}:{i}"))
+            (lambda i=i: claim_lease(run_id=run.pk, identity=f"worker:host-{i}:{i}"))
             for i in range(8)
         ]
     )
@@ -287,7 +287,7 @@ def test_a_zombie_racing_the_new_holder_writes_nothing(round_):
     old = start()
     expire(old.run_id)
     assert run_reclaim_stale(run_id=old.run_id, segment="reaper", event=reaper_event("r"))
-    new = run_claim_queued(run_id=old.run_id, identity=HOLDER)  # same identity, newer epoch
+    new = claim_lease(run_id=old.run_id, identity=HOLDER)  # same identity, newer epoch
     assert new is not None and new.epoch == 2
     events_before = AgentRunEvent.objects.filter(run_id=old.run_id).count()
 
@@ -295,12 +295,15 @@ def test_a_zombie_racing_the_new_holder_writes_nothing(round_):
         lambda: run_heartbeat(old, loop_state={"by": "zombie"}, events=[EventSpec(EventKind.LLM)]),
         lambda: run_stamp_fence(old, effect=Effect.NON_IDEMPOTENT_WRITE, call=CALL),
         lambda: run_clear_fence(old, events=[EventSpec(EventKind.TOOL)]),
-        lambda: run_suspend(
-            old,
-            status=Status.WAITING_FOR_APPROVAL,
-            pending_turn=approval_turn("z" * 64),
-            loop_state={"by": "zombie"},
-        ),
+        lambda: (
+            run_suspend(
+                old,
+                status=Status.WAITING_FOR_APPROVAL,
+                pending_turn=approval_turn("z" * 64),
+                loop_state={"by": "zombie"},
+            )
+            is not None
+        ),  # the parked row, or None
         lambda: run_requeue(old, error={"by": "zombie"}),
         lambda: run_hand_back(old, loop_state={"by": "zombie"}),
         lambda: run_settle(

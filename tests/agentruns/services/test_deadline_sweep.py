@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
-from django.db import OperationalError, connection
+from django.db import connection
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 from django_q.models import OrmQ
@@ -37,7 +37,6 @@ from agentruns.services.deadline_sweep import expire_overdue
 from agentruns.services.decisions import run_decide
 from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.transcript import EXPIRED_MESSAGE
-from agentruns.transitions import _sql
 from agentruns.turns import read_pending_turn
 from tests.agentruns.factories import AgentConfigurationFactory
 from tests.agentruns.support.deadlines import (
@@ -59,6 +58,7 @@ from tests.agentruns.support.runtime import (
     tool_messages,
     tool_turn,
 )
+from tests.agentruns.support.transitions import refuse_event_inserts
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -419,11 +419,8 @@ def test_a_settle_whose_event_cannot_be_written_changes_nothing_and_the_next_pas
     run = waiting_for_approval(timeout=AT_ONCE, action="deny")
     before = snapshot(run)
 
-    def refuse(*args: Any, **kwargs: Any) -> int:
-        raise OperationalError("could not write to file: No space left on device")
-
     with monkeypatch.context() as patch:
-        patch.setattr(_sql, "event_row", refuse)
+        refuse_event_inserts(patch)
         [verdict] = reaper.reap_stale_runs().expired
 
     assert verdict.verdict == "skipped" and "state write failed" in verdict.detail

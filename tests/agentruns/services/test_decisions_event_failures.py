@@ -26,7 +26,7 @@ from agentruns.exceptions import StateWriteFailed
 from agentruns.models import AgentRun, AgentRunEvent, EventKind
 from agentruns.services import runs
 from agentruns.services.runtime.results import Outcome, SegmentResult
-from agentruns.transitions import _sql, deciding
+from agentruns.transitions import deciding
 from tests.agentruns.support.api import card_digest
 from tests.agentruns.support.runtime import (
     call,
@@ -36,6 +36,7 @@ from tests.agentruns.support.runtime import (
     outcome_unknown_once,
     tool_turn,
 )
+from tests.agentruns.support.transitions import refuse_event_inserts
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -137,14 +138,9 @@ def sequence_collision(monkeypatch: pytest.MonkeyPatch) -> type[DatabaseError]:
 
 
 def insert_error(monkeypatch: pytest.MonkeyPatch) -> type[DatabaseError]:
-    """The writer's event insert fails with a database error (a lost connection, a full disk)."""
-
-    def refuse(*args: Any, **kwargs: Any) -> int:
-        raise OperationalError("could not write to file: No space left on device")
-
-    # Every event row passes through ``event_row`` (on PostgreSQL the UPDATE and the INSERT
-    # are one statement, so this is where the insert can fail apart from the UPDATE).
-    monkeypatch.setattr(_sql, "event_row", refuse)
+    """The writer's event insert fails with a database error (a lost connection, a full disk):
+    on PostgreSQL the decision's one statement, on SQLite its INSERT after the UPDATE."""
+    refuse_event_inserts(monkeypatch)
     return OperationalError
 
 

@@ -14,7 +14,7 @@ from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
 from agentruns.services.runs import run_decide as service_decide
 from agentruns.services.runs import run_start_sync
 from agentruns.services.runtime.results import Outcome
-from agentruns.transitions import run_decide
+from agentruns.transitions import locked_waiting_run, record_decision, run_decide
 from agentruns.turns import ApprovalDecision
 from tests.agentruns.support.runtime import call, config, decider, tool_turn
 from tests.agentruns.support.transitions import DIGEST, start, suspend
@@ -52,14 +52,18 @@ def test_a_decision_reads_the_run_once_and_does_not_read_it_back(identity):
     writes = {"WITH": 1} if connection.vendor == "postgresql" else {"UPDATE": 1, "INSERT": 1}
     assert statements(captured) == Counter({"SELECT": 1, **writes})
     assert not any("MAX(" in q["sql"].upper() for q in captured.captured_queries)
-    # The returned run shows what was written; the database clock's columns load on access.
-    assert decided.run.status == (Status.RUNNING if identity else Status.QUEUED)
-    assert decided.run.claimed_by == (identity or "")
-    assert decided.run.lease_epoch == (2 if identity else 1)
-    assert decided.run.pending_turn is None
-    assert decided.run.loop_state["decision"] == ApprovalDecision(approved=True).to_json()
-    computed = {"lease_expires", "updated_at"} if identity else {"updated_at"}
-    assert decided.run.get_deferred_fields() == computed
+    # The returned run shows what was written, the database clock's columns too: the row as the
+    # guarded UPDATE returned it, nothing left to load.
+    with CaptureQueriesContext(connection) as shown:
+        assert decided.run.status == (Status.RUNNING if identity else Status.QUEUED)
+        assert decided.run.claimed_by == (identity or "")
+        assert decided.run.lease_epoch == (2 if identity else 1)
+        assert decided.run.pending_turn is None
+        assert decided.run.loop_state["decision"] == ApprovalDecision(approved=True).to_json()
+        assert decided.run.get_deferred_fields() == set()
+        assert decided.run.updated_at is not None
+        assert (decided.run.lease_expires is not None) == bool(identity)
+    assert shown.captured_queries == []
     row = AgentRun.objects.get(pk=lease.run_id)
     assert (decided.run.lease_expires, decided.run.updated_at) == (
         row.lease_expires,
@@ -78,18 +82,18 @@ def test_the_event_may_be_built_from_the_locked_run():
     suspend(lease)
     seen = []
 
-    def event(run: AgentRun) -> EventSpec:
+    with locked_waiting_run(
+        lease.uuid, expected_status=Status.WAITING_FOR_APPROVAL, turn_digest=DIGEST
+    ) as run:
         seen.append((run.status, run.pending_turn["turn_digest"]))
-        return EventSpec(EventKind.APPROVAL, {"calls": len(run.pending_turn["calls"])})
-
-    run_decide(
-        run_uuid=lease.uuid,
-        expected_status=Status.WAITING_FOR_APPROVAL,
-        turn_digest=DIGEST,
-        decision=ApprovalDecision(approved=True),
-        event=event,
-        identity=None,
-    )
+        record_decision(
+            run,
+            expected_status=Status.WAITING_FOR_APPROVAL,
+            turn_digest=DIGEST,
+            decision=ApprovalDecision(approved=True),
+            event=EventSpec(EventKind.APPROVAL, {"calls": len(run.pending_turn["calls"])}),
+            identity=None,
+        )
 
     assert seen == [(Status.WAITING_FOR_APPROVAL, DIGEST)]
     approval = AgentRunEvent.objects.get(run_id=lease.run_id, kind=EventKind.APPROVAL)

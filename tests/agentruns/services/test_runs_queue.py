@@ -17,7 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
-from agentruns import tasks, transitions
+from agentruns import tasks
 from agentruns.models import AgentRun, EventKind, Provider, Status
 from agentruns.providers.scripted import ScriptedProvider
 from agentruns.services import dispatch, reaper, runs
@@ -25,6 +25,7 @@ from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.segment import continue_segment
 from playground.models import Note
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
+from tests.agentruns.support.transitions import claim_lease
 from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.django_db
@@ -262,7 +263,7 @@ def test_failure_retries_and_stale_reclaims_share_one_budget(on_commit):
 
     with on_commit():
         assert tasks.process_run(str(run.uuid)) == Outcome.REQUEUED  # budget 1 used
-    assert transitions.run_claim_queued(run_id=run.pk, identity="worker:crashed:1")
+    assert claim_lease(run_id=run.pk, identity="worker:crashed:1")
     expire_lease(run)  # that worker died
     assert reaper.reap_stale_runs().count(reaper.Verdict.REQUEUED) == 1  # 2 used
     with on_commit():
@@ -270,7 +271,7 @@ def test_failure_retries_and_stale_reclaims_share_one_budget(on_commit):
     assert reload(run).requeue_count == 3
     requeued = run.events.filter(kind=EventKind.LEASE, payload__action="requeued").last()
     assert requeued.payload["retry_in_seconds"] == BACKOFF * 2**2
-    assert transitions.run_claim_queued(run_id=run.pk, identity="worker:crashed:2")
+    assert claim_lease(run_id=run.pk, identity="worker:crashed:2")
     expire_lease(run)
 
     report = reaper.reap_stale_runs()
@@ -298,7 +299,7 @@ def test_a_reclaimed_run_continues_from_its_last_boundary_not_from_the_start(
         ],
         on_commit=on_commit,
     )
-    lease = transitions.run_claim_queued(run_id=run.pk, identity="worker:doomed:1")
+    lease = claim_lease(run_id=run.pk, identity="worker:doomed:1")
     llm_seen = []
 
     def die_after_the_second_model_turn(event):

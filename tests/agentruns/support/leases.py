@@ -9,6 +9,7 @@ from django.db.models.functions import Now
 from agentruns import transitions
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, EventKind
+from tests.agentruns.support.transitions import claim_lease
 
 
 def reclaim_and_claim(run: AgentRun) -> Lease:
@@ -18,7 +19,7 @@ def reclaim_and_claim(run: AgentRun) -> Lease:
         segment="reaper:test:1",
         event=EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
     )
-    lease = transitions.run_claim_queued(run_id=run.pk, identity="worker:elsewhere:7")
+    lease = claim_lease(run_id=run.pk, identity="worker:elsewhere:7")
     assert lease is not None
     return lease
 
@@ -34,6 +35,6 @@ def take_over(run_id: int) -> Lease:
         segment="reaper:test:1",
         event=EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
     )
-    lease = transitions.run_claim_queued(run_id=run_id, identity=OTHER_WORKER)
+    lease = claim_lease(run_id=run_id, identity=OTHER_WORKER)
     assert lease is not None
     return lease

@@ -9,12 +9,13 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+from django.db import OperationalError
 from django.utils import timezone
 
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
 from agentruns.tools.gate import ToolGate
-from agentruns.transitions import run_start, run_suspend
+from agentruns.transitions import _writer, run_claim_queued_row, run_start, run_suspend
 from agentruns.turns import Call, LoopState, PendingTurn, Turn
 from tests.agentruns.factories import AgentConfigurationFactory
 
@@ -45,6 +46,28 @@ def start(identity: str = ME) -> Lease:
         request={"prompt": "hello"},
         identity=identity,
     )
+
+
+def claim_lease(*, identity: str, run_id: int | None = None, run_uuid: Any = None) -> Lease | None:
+    """A worker's claim of a queued run (``run_claim_queued_row``, as the worker's task makes
+    it): the lease it took, or ``None``."""
+    claimed = run_claim_queued_row(identity=identity, run_id=run_id, run_uuid=run_uuid)
+    return None if claimed is None else claimed.lease
+
+
+def refuse_event_inserts(patch: Any) -> None:
+    """Make the database refuse every event INSERT (a lost connection, a full disk) where it
+    runs: in the statement that carries the events — on PostgreSQL the guarded ``UPDATE`` and
+    the INSERT are one statement; on SQLite the INSERT after the ``UPDATE`` took the row.
+    ``patch``: pytest's ``monkeypatch`` (or one of its contexts)."""
+    execute = _writer.execute
+
+    def refusing(statement: str, params: Any) -> Any:
+        if params.get("events") not in (None, "[]"):
+            raise OperationalError("could not write to file: No space left on device")
+        return execute(statement, params)
+
+    patch.setattr(_writer, "execute", refusing)
 
 
 def snapshot(run_id: int) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def checks(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         return real(tool, arguments)
 
     monkeypatch.setattr(invocation, "argument_errors", counted)
-    monkeypatch.setattr("agentruns.services.runtime.segment.argument_errors", counted)
+    monkeypatch.setattr("agentruns.services.runtime.turn_step.argument_errors", counted)
     return seen
 
 

@@ -40,6 +40,7 @@ from agentruns.tools.mcp_tools import McpRefused
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 from tests.agentruns.support.api import card_digest
 from tests.agentruns.support.runtime import PROBE_NAMES, call, tool_turn
+from tests.agentruns.support.transitions import claim_lease
 from tests.support.mcp_stdio_server import read_calls, stdio_command
 
 SERVER = "local"
@@ -111,7 +112,7 @@ def take_over_once() -> Any:
             segment="reaper:test:1",
             event=EventSpec(EventKind.REAPER, {"rule": "reclaim"}),
         )
-        assert transitions.run_claim_queued(run_id=run_id, identity="worker:other:1") is not None
+        assert claim_lease(run_id=run_id, identity="worker:other:1") is not None
 
     return during
 
@@ -290,17 +291,15 @@ def test_a_lost_lease_closes_the_segments_sessions_and_sends_nothing_more(
     probes.during = take_over_once()
     # Observe the moment the segment records what it noticed: its sessions are closed by then,
     # not only when the segment returns.
-    from agentruns.services.runtime import segment
-
     seen: dict[str, bool] = {}
-    notice = segment.transitions.run_notice_cancel
+    notice = transitions.run_notice_cancel
 
     def observed(*args: Any, **kwargs: Any) -> Any:
         [echoed] = read_calls(log)
         seen["server_gone"] = gone(echoed["pid"], wait=2)
         return notice(*args, **kwargs)
 
-    monkeypatch.setattr(segment.transitions, "run_notice_cancel", observed)
+    monkeypatch.setattr(transitions, "run_notice_cancel", observed)
     turn = tool_turn(
         call(name("echo"), text="before"),
         call("probe_read", value="the lease moves here"),

@@ -14,7 +14,6 @@ from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status, TerminationReason
 from agentruns.transitions import (
     run_cancel,
-    run_claim_queued,
     run_clear_fence,
     run_hand_back,
     run_heartbeat,
@@ -31,6 +30,7 @@ from tests.agentruns.support.transitions import (
     REAPER,
     WORKER,
     approval_turn,
+    claim_lease,
     events,
     expire,
     older_epoch,
@@ -108,13 +108,16 @@ def _segment_writes() -> dict[str, Any]:
         "clear_fence": lambda lease: run_clear_fence(
             lease, loop_state={"zombie": True}, events=[EventSpec(EventKind.TOOL)]
         ),
-        "suspend": lambda lease: run_suspend(
-            lease,
-            status=Status.WAITING_FOR_APPROVAL,
-            pending_turn=approval_turn("z" * 64),
-            loop_state={"zombie": True},
-            events=[EventSpec(EventKind.LLM)],
-        ),
+        "suspend": lambda lease: (
+            run_suspend(
+                lease,
+                status=Status.WAITING_FOR_APPROVAL,
+                pending_turn=approval_turn("z" * 64),
+                loop_state={"zombie": True},
+                events=[EventSpec(EventKind.LLM)],
+            )
+            is not None
+        ),  # the parked row, or None
         "requeue": lambda lease: run_requeue(
             lease, error={"type": "Zombie"}, events=[EventSpec(EventKind.LLM)]
         ),
@@ -246,7 +249,7 @@ def test_suspend_of_a_cancelled_run_fails_closed():
         run_suspend(
             lease, status=Status.WAITING_FOR_APPROVAL, pending_turn=approval_turn(), loop_state={}
         )
-        is False
+        is None
     )
 
     run = AgentRun.objects.get(pk=lease.run_id)
@@ -297,7 +300,7 @@ def test_hand_back_queues_the_run_without_spending_budget_and_clears_claim_and_f
         EventKind.TOOL,
         EventKind.LEASE,
     ]
-    again = run_claim_queued(run_id=run.pk, identity=WORKER)
+    again = claim_lease(run_id=run.pk, identity=WORKER)
     assert again is not None and again.epoch == 2
 
 
@@ -311,7 +314,7 @@ def test_zombie_writes_match_nothing_while_the_new_holder_succeeds(new_identity,
     assert run_heartbeat(old, events=[EventSpec(EventKind.LLM)])
     expire(old.run_id)
     assert run_reclaim_stale(run_id=old.run_id, segment=REAPER, event=reaper_event())
-    new = run_claim_queued(run_id=old.run_id, identity=new_identity)
+    new = claim_lease(run_id=old.run_id, identity=new_identity)
     assert new is not None and new.epoch == old.epoch + 1
     assert new.next_sequence == 4
     before, before_events = snapshot(old.run_id), events(old.run_id)

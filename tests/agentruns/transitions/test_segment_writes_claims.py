@@ -1,5 +1,5 @@
 """A run's birth and its claims (docs/design.md §2.3): ``run_start``, ``run_enqueue``,
-``run_claim_queued`` — what each sets, and each "0 rows" case of its guard.
+``run_claim_queued_row`` — what each sets, and each "0 rows" case of its guard.
 
 A refused write must change nothing: the tests compare the whole row (and the event stream)
 before and after.
@@ -14,9 +14,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from agentruns.models import AgentRun, EventKind, Status
-from agentruns.transitions import run_cancel, run_claim_queued, run_enqueue, run_requeue
+from agentruns.transitions import run_cancel, run_enqueue, run_requeue
 from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory, UserFactory
-from tests.agentruns.support.transitions import ME, WORKER, events, snapshot, start
+from tests.agentruns.support.transitions import ME, WORKER, claim_lease, events, snapshot, start
 
 pytestmark = pytest.mark.django_db
 
@@ -71,7 +71,7 @@ def test_enqueue_inserts_a_queued_run_with_no_claim_and_no_event():
 def test_claim_queued_takes_the_run_with_epoch_plus_one():
     run = AgentRunFactory()
 
-    lease = run_claim_queued(run_id=run.pk, identity=WORKER)
+    lease = claim_lease(run_id=run.pk, identity=WORKER)
 
     assert lease is not None
     assert (lease.run_id, lease.uuid, lease.owner, lease.epoch) == (run.pk, run.uuid, WORKER, 1)
@@ -87,10 +87,10 @@ def test_claim_queued_takes_the_run_with_epoch_plus_one():
 
 def test_second_claim_of_the_same_run_gets_none():
     run = AgentRunFactory()
-    assert run_claim_queued(run_id=run.pk, identity=WORKER) is not None
+    assert claim_lease(run_id=run.pk, identity=WORKER) is not None
     before = snapshot(run.pk)
 
-    assert run_claim_queued(run_id=run.pk, identity="worker:other:2") is None
+    assert claim_lease(run_id=run.pk, identity="worker:other:2") is None
 
     assert snapshot(run.pk) == before
     assert len(events(run.pk)) == 1
@@ -103,7 +103,7 @@ def test_claim_queued_refuses_a_run_that_is_not_queued(trait):
     run = AgentRunFactory(**{trait: True})
     before = snapshot(run.pk)
 
-    assert run_claim_queued(run_id=run.pk, identity=WORKER) is None
+    assert claim_lease(run_id=run.pk, identity=WORKER) is None
 
     assert snapshot(run.pk) == before
     assert events(run.pk) == []
@@ -113,46 +113,46 @@ def test_claim_queued_of_a_cancelled_queued_run_gets_none():
     run = AgentRunFactory()
     assert run_cancel(run_id=run.pk)
 
-    assert run_claim_queued(run_id=run.pk, identity=WORKER) is None
+    assert claim_lease(run_id=run.pk, identity=WORKER) is None
     assert AgentRun.objects.get(pk=run.pk).status == Status.CANCELLED
 
 
 def test_claim_queued_of_a_missing_run_gets_none():
-    assert run_claim_queued(run_id=987654, identity=WORKER) is None
+    assert claim_lease(run_id=987654, identity=WORKER) is None
 
 
 def test_claim_queued_by_uuid_takes_the_same_run_as_by_id():
     run, other = AgentRunFactory(), AgentRunFactory()
 
-    lease = run_claim_queued(run_uuid=str(run.uuid), identity=WORKER)
+    lease = claim_lease(run_uuid=str(run.uuid), identity=WORKER)
 
     assert lease is not None
     assert (lease.run_id, lease.uuid, lease.epoch, lease.next_sequence) == (run.pk, run.uuid, 1, 1)
     assert AgentRun.objects.get(pk=run.pk).status == Status.RUNNING
     assert AgentRun.objects.get(pk=other.pk).status == Status.QUEUED
-    assert run_claim_queued(run_uuid=run.uuid, identity="worker:other:2") is None
+    assert claim_lease(run_uuid=run.uuid, identity="worker:other:2") is None
 
 
 @pytest.mark.parametrize("named", ["not-a-uuid", "00000000-0000-0000-0000-000000000000", ""])
 def test_claim_queued_by_a_uuid_of_no_run_gets_none(named):
     AgentRunFactory()
 
-    assert run_claim_queued(run_uuid=named, identity=WORKER) is None
+    assert claim_lease(run_uuid=named, identity=WORKER) is None
     assert AgentRun.objects.filter(status=Status.QUEUED).count() == 1
 
 
 def test_claim_queued_needs_exactly_one_name():
     with pytest.raises(ValueError, match="run_id or by run_uuid"):
-        run_claim_queued(identity=WORKER)
+        claim_lease(identity=WORKER)
 
 
 def test_claim_after_requeue_bumps_the_epoch_keeps_started_at_and_continues_the_sequence():
     run = AgentRunFactory()
-    first = run_claim_queued(run_id=run.pk, identity=WORKER)
+    first = claim_lease(run_id=run.pk, identity=WORKER)
     started_at = AgentRun.objects.get(pk=run.pk).started_at
     assert run_requeue(first, error={"type": "Timeout"})
 
-    second = run_claim_queued(run_id=run.pk, identity=WORKER)
+    second = claim_lease(run_id=run.pk, identity=WORKER)
 
     assert second is not None and second.epoch == 2
     after = AgentRun.objects.get(pk=run.pk)

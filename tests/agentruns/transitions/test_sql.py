@@ -1,6 +1,6 @@
-"""The step boundary's precompiled SQL (``agentruns.transitions``): what it stores is what the
-ORM would store, so every comparison and lookup written against ORM rows holds for it — above
-all the lease deadline, kept as text on SQLite and compared as text with ``Now()``.
+"""The transitions' named statements (``agentruns/transitions/sql``): what they store is what
+the ORM would store, so every comparison and lookup written against ORM rows holds for it —
+above all the lease deadline, kept as text on SQLite and compared as text with ``Now()``.
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 from django.db import connection
+from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
 from django.test import override_settings
 
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind
 from agentruns.transitions import run_clear_fence, run_heartbeat, run_reclaim_stale, run_stamp_fence
-from agentruns.transitions._writer import DEADLINE_SQL, NOW_SQL, lease_deadline
+from agentruns.transitions._statements import of_vendor
 from tests.agentruns.support.transitions import CALL, REAPER, events, reaper_event, start
 
 pytestmark = pytest.mark.django_db
@@ -37,17 +38,35 @@ def stored(table: str, column: str, row_id: int) -> object:
         return cursor.fetchone()[0]
 
 
-def test_the_clock_sql_is_what_django_compiles_for_now_and_a_deadline():
-    """Pinned against the installed Django: a change in how it writes the clock shows up here."""
+def lease_deadline() -> ExpressionWrapper:
+    """``Now() + LEASE_SECONDS`` as the ORM writes it."""
+    return ExpressionWrapper(
+        Now() + Value(timedelta(seconds=settings.AGENTRUNS.get("LEASE_SECONDS", 60))),
+        output_field=DateTimeField(),
+    )
+
+
+CLOCKS = re.compile(
+    r"\b(now|current_timestamp|clock_timestamp|statement_timestamp|transaction_timestamp"
+    r"|localtimestamp|julianday|unixepoch)\b",
+    re.IGNORECASE,
+)
+
+
+def test_every_statement_reads_the_clock_as_django_compiles_now():
+    """Pinned against the installed Django: a change in how it writes the clock shows up here.
+    The statements read no other clock (a deadline is that clock plus seconds)."""
     query = AgentRun.objects.all().query
     compiler = query.get_compiler(connection=connection)
-
     now_sql, now_params = compiler.compile(Now().resolve_expression(query))
-    deadline_sql, deadline_params = compiler.compile(lease_deadline().resolve_expression(query))
+    assert now_params == []
+    reading = now_sql.removesuffix(")")  # SQLite: the same call, with a modifier, for a deadline
 
-    assert (now_sql, now_params) == (NOW_SQL[connection.vendor], [])
-    assert deadline_sql == DEADLINE_SQL[connection.vendor]
-    assert len(deadline_params) == 1
+    used = 0
+    for name, statement in of_vendor(connection.vendor).items():
+        used += statement.count(reading)
+        assert not CLOCKS.search(statement.replace(reading, "")), name
+    assert used > 0
 
 
 def test_a_boundary_deadline_is_the_database_clock_plus_the_lease():

@@ -5,9 +5,9 @@ consecutive transactions of one client meet different server sessions and anythi
 on session state (a prepared statement, a cursor held across transactions) breaks every time,
 not once in a while.
 
-With the default settings an approval goes through it and its write runs once; the audit trail
-exports and verifies through it. With ``PREPARED_STATEMENTS`` on, the same flow is refused there:
-the failure the default avoids.
+An approval goes through it and its write runs once; the audit trail exports and verifies
+through it. Nothing is prepared on the server: each guarded statement binds its parameters in
+one unnamed statement, which keeps nothing in the server session.
 """
 
 from __future__ import annotations
@@ -25,14 +25,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.conf import settings
 from django.core.management import call_command
 from django.db import connection, connections
-from django.test import override_settings
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from agentruns import conf
 from agentruns.models import AgentRunEvent, EventKind, Status
 from playground.models import Note
 from tests.agentruns.factories import UserFactory
@@ -123,10 +120,6 @@ def through(pooler: Pooler) -> Iterator[None]:
         db.update(HOST=saved[0], PORT=saved[1])
 
 
-def prepared(on: bool) -> Any:
-    return override_settings(AGENTRUNS={**settings.AGENTRUNS, "PREPARED_STATEMENTS": on})
-
-
 def backend_pids(count: int) -> list[int]:
     pids = []
     for _ in range(count):
@@ -156,8 +149,7 @@ def test_consecutive_transactions_meet_different_server_sessions(pooler: Pooler)
 
 
 def test_an_approval_through_the_pooler_succeeds_with_the_default_settings(pooler: Pooler):
-    assert conf.DEFAULTS["PREPARED_STATEMENTS"] is False
-    with through(pooler), prepared(conf.DEFAULTS["PREPARED_STATEMENTS"]):
+    with through(pooler):
         run = waiting_for_approval()
         response = approve_inline(run)
         assert response.status_code == 200, response.content
@@ -168,50 +160,6 @@ def test_an_approval_through_the_pooler_succeeds_with_the_default_settings(poole
     assert events.filter(kind=EventKind.APPROVAL).count() == 1
     [tool] = events.filter(kind=EventKind.TOOL)
     assert tool.payload["outcome"] == "executed", tool.payload
-
-
-def test_with_prepared_statements_on_the_pooler_refuses_the_same_flow(pooler: Pooler, caplog):
-    """What the default avoids (the reported failure): a statement prepared on one server
-    session is executed by name on another, which does not know it."""
-    with through(pooler):
-        run = waiting_for_approval()  # prepared statements off: it waits for approval
-        with prepared(True):
-            response = approve_inline(run)
-    # The continuation's first statement in autocommit (the fence stamp) met a server session
-    # that never prepared it: refused, the write not run, the run left to the reaper.
-    assert any(
-        "state write failed" in r.getMessage() and "ProgrammingError" in r.getMessage()
-        for r in caplog.records
-    ), [r.getMessage() for r in caplog.records]
-    assert response.json()["status"] == Status.RUNNING
-    assert not Note.objects.exists()
-    assert not AgentRunEvent.objects.filter(run=run, kind=EventKind.TOOL).exists()
-
-
-def test_a_name_prepared_by_one_client_runs_for_another_behind_the_pooler(pooler: Pooler):
-    """Why there is no automatic fallback to unprepared statements: a fallback reacts to an
-    error, and the worst case raises none. Two clients each prepare their own statement under
-    psycopg's first name (``_pg3_0``), on two server sessions; the pooler then hands the second
-    client's by-name execution the first one's session: the first client's statement runs with
-    the second client's parameters."""
-    url = pooler.url(connection.settings_dict["NAME"])
-    first = psycopg.connect(url, autocommit=True)
-    second = psycopg.connect(url, autocommit=True)
-    other = psycopg.connect(url, autocommit=True)
-    try:
-        # Sessions are handed out in turn (S1, S2, S3); a pipeline keeps a statement's prepare
-        # and execution on one session.
-        with first.pipeline():
-            mine = first.execute("SELECT 'first: ' || %s::text", ["1"], prepare=True)
-        with second.pipeline():
-            theirs = second.execute("SELECT 'second: ' || %s::text", ["2"], prepare=True)
-        assert (mine.fetchone(), theirs.fetchone()) == (("first: 1",), ("second: 2",))
-        other.execute("SELECT 1")  # takes S3: the next session in turn is S1, the first's
-        again = second.execute("SELECT 'second: ' || %s::text", ["3"], prepare=True)
-        assert again.fetchone() == ("first: 3",)  # the wrong statement, and no error
-    finally:
-        for client in (first, second, other):
-            client.close()
 
 
 def completed_run() -> tuple[Any, list[tuple[int, str]]]:
@@ -251,3 +199,16 @@ def test_the_ledger_verifies_through_the_pooler(pooler: Pooler, monkeypatch):
         out = io.StringIO()
         call_command("verify_ledger", "--run", str(run.uuid), stdout=out)
     assert f"1 runs, {len(expected)} events intact" in out.getvalue(), out.getvalue()
+
+
+@pytest.mark.own_session
+def test_nothing_is_prepared_in_the_server_session():
+    """What makes the pooler safe: a whole approval flow (suspend, decision, fenced write,
+    settle) leaves no prepared statement in the server session it ran on (read on a direct
+    connection: behind a pooler the query would meet any session)."""
+    connection.close()  # a session of its own
+    run = waiting_for_approval()
+    assert approve_inline(run).status_code == 200
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert cursor.fetchone()[0] == 0

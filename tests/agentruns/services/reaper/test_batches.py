@@ -27,6 +27,7 @@ from agentruns.services.reaper.batches import _event as batch_event
 from agentruns.transitions import reaper as reaper_transitions
 from agentruns.turns import PendingTurn
 from tests.agentruns.factories import AgentRunFactory
+from tests.agentruns.support.transitions import claim_lease
 
 pytestmark = pytest.mark.django_db
 
@@ -221,7 +222,7 @@ def test_a_batch_chains_each_event_into_its_runs_ledger():
     reaper.reap_stale_runs(redispatch=False)
 
     reclaimed = runs[0]
-    assert transitions.run_claim_queued(run_uuid=reclaimed.uuid, identity="worker:w:1")
+    assert claim_lease(run_uuid=reclaimed.uuid, identity="worker:w:1")
     report = audit.verify()
     assert report.intact, [b.line() for b in report.broken]
     assert report.events == len(runs) + 1  # one reaper event each, then the claim's

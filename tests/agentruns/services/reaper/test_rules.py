@@ -20,6 +20,7 @@ from agentruns.models import AgentRun, AgentRunEvent, Effect, EventKind, Status
 from agentruns.services import dispatch, reaper
 from agentruns.services.reaper import Rule, Verdict
 from tests.agentruns.factories import HOLDER, AgentRunFactory
+from tests.agentruns.support.transitions import claim_lease
 
 pytestmark = pytest.mark.django_db
 
@@ -208,7 +209,7 @@ def test_a_failed_send_does_not_settle_a_run_a_worker_already_claimed(monkeypatc
 
     def claimed_first(**kwargs):
         # A duplicate task reached a worker between the reclaim's commit and the settle.
-        assert transitions.run_claim_queued(run_id=run.pk, identity="worker:other:2")
+        assert claim_lease(run_id=run.pk, identity="worker:other:2")
         return real_settle(**kwargs)
 
     monkeypatch.setattr(dispatch, "send_wakeup", broken)

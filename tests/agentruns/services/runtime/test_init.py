@@ -13,7 +13,8 @@ def test_results_and_turns_import_without_the_loop_or_the_writer():
         "import django, sys; django.setup();"
         "import agentruns.services.runtime.results, agentruns.turns, agentruns.leases;"
         "loaded = [m for m in ('agentruns.services.runtime.segment', 'agentruns.transitions',"
-        " 'agentruns.transitions._writer', 'agentruns.transitions._sql') if m in sys.modules];"
+        " 'agentruns.transitions._writer', 'agentruns.transitions._statements')"
+        " if m in sys.modules];"
         "print(','.join(loaded))"
     )
     done = subprocess.run(

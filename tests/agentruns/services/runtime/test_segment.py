@@ -36,7 +36,7 @@ from agentruns.services.runs import (
 from agentruns.services.runtime import tool_step
 from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.segment import continue_segment
-from agentruns.services.runtime.transcript import DENIED_MESSAGE
+from agentruns.services.runtime.transcript import DENIED_MESSAGE, denied_message
 from agentruns.tools import Tool, registry
 from agentruns.turns import Call, turn_digest
 from playground.models import Note
@@ -246,12 +246,13 @@ def test_denying_runs_nothing_and_the_model_receives_the_denial(probes):
     ]
     approval = next(e for e in stream if e.kind == EventKind.APPROVAL)
     assert approval.payload["approved"] is False and approval.actor_id == denier.pk
-    # The second provider call carried one denial per call of the turn.
+    # The second provider call carried one denial per call of the turn, naming who denied.
     last = sent(run)[-1]
     assert {k: json.loads(v) for k, v in tool_messages(last).items()} == {
-        "call_0_0": {"error": DENIED_MESSAGE},
-        "call_0_1": {"error": DENIED_MESSAGE},
+        "call_0_0": {"error": denied_message(denier.get_username())},
+        "call_0_1": {"error": denied_message(denier.get_username())},
     }
+    assert denied_message("") == DENIED_MESSAGE  # who, when the decision does not say
 
 
 @pytest.mark.parametrize("digest", [None, "", "0" * 64])
@@ -818,9 +819,10 @@ def _writes_of(run_script, configuration) -> Counter:
     assert result.outcome == Outcome.COMPLETED
     writes = Counter()
     for query in captured.captured_queries:
-        words = query["sql"].split()
+        sql = query["sql"].replace('"', "")  # Django quotes names; the named statements do not
+        words = sql.split()
         if words[0] == "WITH":  # PostgreSQL: a boundary's UPDATE and INSERT in one statement
-            words = query["sql"].replace("(", " ").split()
+            words = sql.replace("(", " ").split()
             update, insert = words.index("UPDATE"), words.index("INSERT")
             writes[f"UPDATE {words[update + 1]} + INSERT {words[insert + 2]}"] += 1
         elif words[0] == "UPDATE":
@@ -846,11 +848,11 @@ def test_a_read_round_costs_one_lease_update_per_boundary(probes):
     per_round = three - two
     if connection.vendor == "postgresql":  # one statement per boundary (docs/design.md §6.6)
         assert per_round == Counter(
-            {'UPDATE "agentruns_agentrun" + INSERT "agentruns_agentrunevent"': 2}
+            {"UPDATE agentruns_agentrun + INSERT agentruns_agentrunevent": 2}
         )
     else:
         assert per_round == Counter(
-            {'UPDATE "agentruns_agentrun"': 2, 'INSERT "agentruns_agentrunevent"': 2}
+            {"UPDATE agentruns_agentrun": 2, "INSERT agentruns_agentrunevent": 2}
         )
 
 

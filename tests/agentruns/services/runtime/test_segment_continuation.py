@@ -199,21 +199,21 @@ def test_a_crash_after_the_last_call_returned_reruns_it_and_keeps_the_transcript
     """The last call of a turn is recorded by the next ``request`` boundary. A segment dying in
     between loses that call's result like a crash inside it: the call runs again and the
     provider still sees the uninterrupted dialogue."""
-    from agentruns.services.runtime.segment import RunSegment
+    from agentruns.services.runtime import model_step
 
     configuration = config()
     reference = uninterrupted(configuration)
     probes.seen.clear()
-    offered = RunSegment._offered_tools
+    offered = model_step.offered_tools
     died: list[bool] = []
 
-    def dies_after_c(self):
+    def dies_after_c(gate):
         if [s["arguments"].get("value") for s in probes.seen][-1:] == ["c"] and not died:
             died.append(True)
             raise ProcessDied()
-        return offered(self)
+        return offered(gate)
 
-    monkeypatch.setattr(RunSegment, "_offered_tools", dies_after_c)
+    monkeypatch.setattr(model_step, "offered_tools", dies_after_c)
     with pytest.raises(ProcessDied):
         run_start_sync(configuration=configuration, prompt="p", options={"script": SCRIPT})
     interrupted = AgentRun.objects.exclude(pk=reference.pk).get()
