@@ -9,7 +9,12 @@ import pytest
 
 from agentruns.providers.base import ErrorKind, ProviderError
 from agentruns.providers.scripted import ScriptedProvider
-from agentruns.tools.result_kinds import DENIED_MESSAGE, EXPIRED_MESSAGE, REFUSED_PREFIX
+from agentruns.tools.result_kinds import (
+    DENIED_MESSAGE,
+    EXPIRED_MESSAGE,
+    REFUSED_PREFIX,
+    denied_message,
+)
 
 BRANCHES = [
     {"tool_calls": [{"name": "call_webhook", "arguments": {}}]},
@@ -18,6 +23,7 @@ BRANCHES = [
             {"when": "denied", "content": "You denied it."},
             {"when": ["refused", "expired"], "content": "Not sent."},
             {"when": "error", "content": "It failed."},
+            {"when": "answered", "content": "A person answered."},
             {"content": "Sent."},
         ]
     },
@@ -37,6 +43,16 @@ def after(*results: object) -> list[dict[str, object]]:
     ("results", "answer"),
     [
         ([{"error": DENIED_MESSAGE}], "You denied it."),
+        (
+            [{"error": denied_message("alice"), "reason_given_by_the_reviewer": "no"}],
+            "You denied it.",
+        ),
+        (
+            [{"answered_by_a_person": "alice", "note": "…", "result": {"status": 200}}],
+            "A person answered.",
+        ),
+        ([{"arguments_edited_by_a_person": "alice", "result": {"status": 200}}], "Sent."),
+        ([{"arguments_edited_by_a_person": "alice", "error": "boom"}], "It failed."),
         ([{"error": EXPIRED_MESSAGE}], "Not sent."),
         ([{"error": REFUSED_PREFIX + "host not allowed"}], "Not sent."),
         ([{"error": "ConnectionError: could not connect"}], "It failed."),
