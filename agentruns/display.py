@@ -53,6 +53,7 @@ TOOL_OUTCOMES = {
     "answered": "answered by a person, not run",
     "expired": "expired (nobody decided in time), did not run",
     "invalid_arguments": "refused: its arguments break the tool's schema",
+    "refused": "refused — not sent",
     "reconciled_landed": "took effect (said in reconciliation)",
     "reconciled_not_landed": "did not take effect (said in reconciliation)",
 }

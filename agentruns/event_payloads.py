@@ -87,9 +87,10 @@ class LlmPayload(TypedDict, total=False):
 
 
 class ToolPayload(TypedDict, total=False):
-    """``tool``: a call that ran (``runtime.turn_step``), did not run
-    (``tool_step.unrun_event``: denied, expired, refused; ``tool_step.answered_event``: a
-    person answered it in place of running it) or was reconciled
+    """``tool``: a call that ran or that its tool refused (``runtime.turn_step``; ``outcome``
+    ``executed`` or ``refused``), did not run (``tool_step.unrun_event``: denied, expired,
+    refused for its arguments; ``tool_step.answered_event``: a person answered it in place of
+    running it) or was reconciled
     (``runtime.verdicts._reconciled``)."""
 
     call_id: str

@@ -50,6 +50,13 @@ class RunNotFound(LeaseholdError):
     status = 404
 
 
+class AmbiguousRunId(LeaseholdError):
+    """More than one run starts with that id: give more of it."""
+
+    code = "ambiguous_run_id"
+    status = 400
+
+
 class ConfigurationNotFound(LeaseholdError):
     """No active configuration with that slug."""
 

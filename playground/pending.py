@@ -19,6 +19,7 @@ from agentruns.authority import (
 from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
 from agentruns.jsonview import pretty_arguments
 from agentruns.models import AgentRun, Status
+from agentruns.run_counts import run_counts
 from agentruns.tools.shown import shown_turn
 from agentruns.turns import APPROVAL, INPUT, read_pending_turn, waits_for_a_human
 from agentruns.verdict_forms import CallForm, approves_all, turn_call_forms
@@ -52,6 +53,7 @@ def pending_context(
     each call's verdict form (``verdicts``: posted ones, re-shown with their problems)."""
     context: dict[str, Any] = {
         "run": run,
+        "counts": run_counts(run),
         "timeline_url": trace.timeline_url(run),
         "cancel": cancel_for(run, reader),
     }

@@ -41,7 +41,7 @@ from agentruns.exceptions import (
     RunNotFound,
 )
 from agentruns.input_forms import InputValuesForm
-from agentruns.leases import EventSpec
+from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun
 from agentruns.services import runs
 from agentruns.services.runtime.results import SegmentResult
@@ -156,8 +156,21 @@ def _stream(request: HttpRequest, start: Callable[..., SegmentResult]) -> Stream
             return exc.as_dict()
         return {"code": "internal_error", "message": "the run could not be streamed"}
 
+    def heartbeat_line(lease: Lease, lease_expires: Any) -> dict[str, Any]:
+        with timezone.override(zone):
+            html = render_to_string(
+                "playground/_heartbeat.html", {"until": lease_expires, "epoch": lease.epoch}
+            )
+        return {"run": str(lease.uuid), "lease_expires": lease_expires, "html": html}
+
     response = StreamingHttpResponse(
-        RunStream(start, step_line=step_line, end_line=end_line, error_line=error_line),
+        RunStream(
+            start,
+            step_line=step_line,
+            end_line=end_line,
+            error_line=error_line,
+            heartbeat_line=heartbeat_line,
+        ),
         content_type=NDJSON,
     )
     response["X-Accel-Buffering"] = "no"
@@ -180,7 +193,9 @@ def _stream_refused(
 @require_GET
 @playground_required
 def index(request: HttpRequest) -> HttpResponse:
-    return _page(request, RunForm())
+    """The start form; ``?configuration=<slug>`` chooses a configuration in it."""
+    chosen = request.GET.get("configuration")
+    return _page(request, RunForm(initial={"configuration": chosen} if chosen else None))
 
 
 @require_POST

@@ -16,6 +16,7 @@ from agentruns.models import (
     ApprovalTimeoutAction,
     Status,
 )
+from agentruns.run_counts import run_counts
 from agentruns.tools.origin_lookup import tool_origin
 from agentruns.tools.shown import shown_turn
 from agentruns.turns import (
@@ -295,6 +296,18 @@ def _deadline_view(run: AgentRun) -> dict[str, Any]:
     }
 
 
+class CountField(serializers.IntegerField):
+    """One of a run's counts so far (``agentruns.run_counts.RunCounts``), for every status: a
+    run that waits or was cancelled counts the rounds its events record."""
+
+    def __init__(self, counter: str, **kwargs: Any) -> None:
+        self.counter = counter
+        super().__init__(source="*", read_only=True, **kwargs)
+
+    def to_representation(self, value: Any) -> int:
+        return int(getattr(run_counts(value), self.counter))
+
+
 class RunSerializer(serializers.Serializer):
     """A run: every column of docs/design.md §1.2 except the raw state (``request``,
     ``loop_state``)."""
@@ -317,14 +330,15 @@ class RunSerializer(serializers.Serializer):
     # ``output_schema`` (``services.runtime.structured_output``); null otherwise.
     output_object = serializers.JSONField(allow_null=True)
     error = serializers.JSONField()
-    prompt_tokens = serializers.IntegerField()
-    completion_tokens = serializers.IntegerField()
-    total_tokens = serializers.IntegerField()
+    # Rounds and tokens so far, whatever the status (``agentruns.run_counts``).
+    prompt_tokens = CountField("prompt_tokens")
+    completion_tokens = CountField("completion_tokens")
+    total_tokens = CountField("total_tokens")
     # What the run's model calls cost so far, a decimal string in ``currency``
     # (AGENTRUNS["COST_CURRENCY"]); "0.000000" for an unpriced configuration.
     cost = serializers.DecimalField(max_digits=14, decimal_places=6, coerce_to_string=True)
     currency = serializers.SerializerMethodField()
-    iterations = serializers.IntegerField()
+    iterations = CountField("rounds")
     truncated = serializers.BooleanField()
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)

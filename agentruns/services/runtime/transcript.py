@@ -17,6 +17,12 @@ from agentruns.models import AgentRun, AgentRunEvent, EventKind
 from agentruns.providers.base import ToolCall
 from agentruns.services.runtime.structured_output import schema_instruction
 from agentruns.tools import ToolResult
+
+# What the model reads for a call that never ran (``agentruns.tools.result_kinds``), re-exported
+# for the runtime's callers.
+from agentruns.tools.result_kinds import DENIED_MESSAGE as DENIED_MESSAGE
+from agentruns.tools.result_kinds import EXPIRED_MESSAGE as EXPIRED_MESSAGE
+from agentruns.tools.result_kinds import denied_message as denied_message
 from agentruns.turns import LoopState, Unreadable
 
 
@@ -24,21 +30,8 @@ class NotRehydratable(Exception):
     """The stored state of a run cannot be turned back into a dialogue and a loop state."""
 
 
-DENIED_MESSAGE = "denied by an operator: this call was not executed"
 #: A ``tool`` event's outcome for a call a person answered in place of running it.
 ANSWERED = "answered"
-
-
-def denied_message(decider: str) -> str:
-    """What the model reads as a denied call's error: who denied it (an operator when not
-    known)."""
-    return f"denied by {decider}: this call was not executed" if decider else DENIED_MESSAGE
-
-
-EXPIRED_MESSAGE = (
-    "the request for approval (or input) expired: nobody decided before its deadline, so this "
-    "call was not executed"
-)
 
 
 def system_prompt_for(run: AgentRun) -> str:

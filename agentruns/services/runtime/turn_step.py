@@ -177,7 +177,8 @@ def _execute(
 def _tool_event(
     seg: Segment, call: Call, arguments: Any, effect: str, step: ToolStep, result: ToolResult
 ) -> EventSpec:
-    """The ``tool`` event of a call that ran."""
+    """The ``tool`` event of a call that ran, or that its tool refused before doing anything
+    (outcome ``refused``: ``ToolRefused``, nothing was sent)."""
     payload: dict[str, Any] = {"call_id": call.id, "name": call.name, **edited_marks(call)}
     if arguments != call.arguments:
         # Only when they are not the proposed ones (a person's input was merged in): the
@@ -186,7 +187,7 @@ def _tool_event(
     payload.update(
         {
             "effect": effect,
-            "outcome": "executed",
+            "outcome": "refused" if result.refused else "executed",
             "ok": result.ok,
             "result": result.content,
             "error": result.error,

@@ -57,7 +57,7 @@ def test_staff_log_in_approve_a_write_and_see_the_run_complete(
 
     # The worker's turn (what the django-q2 task runs), then the staff member looks again.
     assert runs.run_process_queued(run_uuid=run.uuid).outcome == "completed"
-    page.click("nav.approvals-nav >> text=Recent runs")
+    page.click("nav.lh-nav >> text=Recent runs")
     row = page.locator("tr", has=page.locator(f"a[href$='{run.uuid}/']"))
     assert "completed" in row.inner_text()
     assert "someone other than who started it" in row.inner_text()
@@ -235,7 +235,9 @@ def test_a_reviewer_without_the_tool_s_permission_sees_deny_only_and_what_is_mis
     line = shown.locator(".approvals-missing")
     assert line.inner_text() == (
         "You may not approve this turn: approving call_webhook needs "
-        "playground.approve_webhooks. You may deny it."
+        "playground.approve_webhooks. You may deny it.\n\n"
+        "“Can approve calls of call_webhook” (playground.approve_webhooks) is held by no group: "
+        "only by superusers and by whoever it is given to."
     )
     # The decision's group is described by that line, for screen readers too.
     described = shown.locator("fieldset.approvals-decide").get_attribute("aria-describedby")
