@@ -33,7 +33,17 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group
 
 from agentruns.models import AgentConfiguration
 from agentruns.tools import registry
-from agentruns.turns import APPROVAL, RECONCILIATION, PendingTurn
+from agentruns.turns import (
+    ANSWER,
+    APPROVAL,
+    APPROVE,
+    DENY,
+    EDIT,
+    RECONCILIATION,
+    Call,
+    PendingTurn,
+    VerdictName,
+)
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -198,6 +208,99 @@ def approval_authority(
         missing=tuple(dict.fromkeys(missing)),
         may_decide=deciding.may_decide,
     )
+
+
+def call_authority(
+    *,
+    user: User | Decider | None,
+    configuration: AgentConfiguration,
+    call: Call,
+    escalated_to: Group | None = None,
+) -> Authority:
+    """What approving the one call ``call`` of an approval turn needs, and what ``user`` lacks:
+    ``approval_authority`` for that call alone (``escalated_to`` as there). Answering and
+    editing a call need the same (the person's answer or arguments stand in for the tool's);
+    denying needs deciding only."""
+    return approval_authority(
+        user=user,
+        configuration=configuration,
+        pending=PendingTurn.for_approval([call]),
+        escalated_to=escalated_to,
+    )
+
+
+def self_approval(
+    *,
+    actor_id: object,
+    initiator_id: int | None,
+    configuration: AgentConfiguration,
+    call: Call | None = None,
+) -> bool:
+    """Four-eyes (``configuration.require_second_approver``): whether approving would be the
+    actor approving their own work — they started the run, or they edited ``call``'s arguments
+    (the editor is their author). Such an actor may deny, answer or edit, not approve."""
+    if not configuration.require_second_approver or actor_id is None:
+        return False
+    if initiator_id is not None and initiator_id == actor_id:
+        return True
+    return call is not None and call.edit is not None and call.edit.editor_id == actor_id
+
+
+@dataclass(frozen=True)
+class CallChoices:
+    """Which verdicts a reader may give one call of an approval card (``call_choices``).
+
+    ``verdicts``: in the order ``approve``, ``deny``, ``answer``, ``edit`` (a subset; empty
+    when the reader may not decide at all). ``missing``: why approving (answering, editing) is
+    not offered, one sentence each. ``self_approval``: four-eyes keeps *approve* from them
+    (they started the run, or edited this call); they may still deny, answer and edit."""
+
+    call_id: str
+    verdicts: tuple[VerdictName, ...]
+    missing: tuple[str, ...] = ()
+    self_approval: bool = False
+
+    def allows(self, verdict: str) -> bool:
+        return verdict in self.verdicts
+
+    @property
+    def refusal(self) -> str:
+        return "; ".join(self.missing)
+
+
+def call_choices(
+    *,
+    user: User | Decider | None,
+    configuration: AgentConfiguration,
+    pending: PendingTurn,
+    initiator_id: int | None,
+    escalated_to: Group | None = None,
+) -> tuple[CallChoices, ...]:
+    """For each call of the approval turn ``pending`` (as a card shows it), in order, the
+    verdicts ``user`` may give it: the rules the decision service checks under the row lock
+    (``call_authority`` per call, with the run's ``escalation_of``; ``self_approval``), so a
+    card offers exactly what will be accepted. Any other kind of turn: no choices. One group
+    read per ``Decider``."""
+    if pending.kind != APPROVAL:
+        return ()
+    decider = _decider(user)
+    actor_id = decider.user.pk if decider.authenticated else None  # type: ignore[union-attr]
+    choices = []
+    for call in pending.calls:
+        authority = call_authority(
+            user=decider, configuration=configuration, call=call, escalated_to=escalated_to
+        )
+        if not authority.may_decide:
+            choices.append(CallChoices(call.id, (), authority.missing))
+            continue
+        own = self_approval(
+            actor_id=actor_id, initiator_id=initiator_id, configuration=configuration, call=call
+        )
+        verdicts: tuple[VerdictName, ...] = (DENY,)
+        if authority.allowed:
+            verdicts = (DENY, ANSWER, EDIT) if own else (APPROVE, DENY, ANSWER, EDIT)
+        choices.append(CallChoices(call.id, verdicts, authority.missing, own))
+    return tuple(choices)
 
 
 def escalation_of(run: Any) -> Group | None:

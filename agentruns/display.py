@@ -50,8 +50,10 @@ REAPER_VERDICTS = {
 TOOL_OUTCOMES = {
     "executed": "ran",
     "denied": "denied, did not run",
+    "answered": "answered by a person, not run",
     "expired": "expired (nobody decided in time), did not run",
     "invalid_arguments": "refused: its arguments break the tool's schema",
+    "refused": "refused — not sent",
     "reconciled_landed": "took effect (said in reconciliation)",
     "reconciled_not_landed": "did not take effect (said in reconciliation)",
 }

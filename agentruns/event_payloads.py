@@ -24,10 +24,26 @@ class ProposedCall(TypedDict, total=False):
 
 
 class CallRef(TypedDict, total=False):
-    """A call an ``approval`` event decided."""
+    """A call an ``approval`` event decided; per call (``per_call``) with its verdict, and the
+    reason, the answer or the edited arguments with the model's original ones
+    (``services.call_decisions.verdicts_payload``)."""
 
     id: str
     name: str
+    verdict: str  # approve, deny, answer, edit
+    reason: str
+    answer: Any
+    arguments: Any
+    original_arguments: Any
+
+
+class EditPayload(TypedDict, total=False):
+    """A ``tool`` event's ``edit``: the call ran with arguments a person edited
+    (``tool_step.edited_marks``)."""
+
+    editor: str
+    editor_id: int | None
+    original_arguments: Any
 
 
 class AuthorityPayload(TypedDict, total=False):
@@ -71,8 +87,10 @@ class LlmPayload(TypedDict, total=False):
 
 
 class ToolPayload(TypedDict, total=False):
-    """``tool``: a call that ran (``runtime.turn_step``), did not run
-    (``tool_step.unrun_event``: denied, expired, refused) or was reconciled
+    """``tool``: a call that ran or that its tool refused (``runtime.turn_step``; ``outcome``
+    ``executed`` or ``refused``), did not run (``tool_step.unrun_event``: denied, expired,
+    refused for its arguments; ``tool_step.answered_event``: a person answered it in place of
+    running it) or was reconciled
     (``runtime.verdicts._reconciled``)."""
 
     call_id: str
@@ -86,6 +104,9 @@ class ToolPayload(TypedDict, total=False):
     idempotency_key: str
     content: str  # a reconciled call: what the model reads
     normalised: list[str]  # what was mended for storage (text, number, depth, size)
+    decided_by: str  # denied / answered by a person: their username
+    reason: str  # denied: the reviewer's reason, verbatim
+    edit: EditPayload  # ran with arguments a person edited (``arguments`` holds them)
 
 
 class ApprovalPayload(TypedDict, total=False):
@@ -98,6 +119,9 @@ class ApprovalPayload(TypedDict, total=False):
     decider: str | None
     calls: list[CallRef]
     authority: AuthorityPayload
+    per_call: bool  # a verdict per call (each in ``calls``)
+    reason: str  # a whole-turn denial's reason
+    editor: str  # the decision edited a call: who
     by: str
     deadline: str | None
     action: str  # a key of ``display.DEADLINE_OUTCOMES``

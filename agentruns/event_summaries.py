@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentruns import display
+from agentruns.decided_calls import approval_verdicts, decided_call
 from agentruns.event_payloads import (
     ApprovalPayload,
     BudgetPayload,
@@ -79,9 +80,25 @@ def llm(p: LlmPayload) -> str:
     return answered + _cost(p)
 
 
+def _by_person(p: ToolPayload) -> str:
+    """A person's verdict on the call, in words: "denied by alice, did not run (reason: …)",
+    "answered by alice, not run", "ran (arguments edited by alice)"; "" for none."""
+    decided = decided_call(p)
+    if decided is None or decided.verdict == "expired":
+        return ""
+    if decided.verdict == "denied":
+        if not decided.by:
+            return ""
+        said = f" (reason: {decided.reason[:QUOTED]})" if decided.reason else ""
+        return f"denied by {decided.by}, did not run{said}"
+    if decided.verdict == "answered":
+        return f"answered by {decided.by or 'a person'}, not run"
+    return f"ran (arguments edited by {decided.by or 'a person'})"
+
+
 def tool(p: ToolPayload) -> str:
-    outcome = display.lookup(display.TOOL_OUTCOMES, p.get("outcome", ""))
-    not_run = outcome.startswith(("denied", "refused", "expired"))
+    outcome = _by_person(p) or display.lookup(display.TOOL_OUTCOMES, p.get("outcome", ""))
+    not_run = outcome.startswith(("denied", "refused", "expired", "answered"))
     failed = "" if p.get("ok") in (None, True) or not_run else " — failed"
     effect = display.effect_text(p.get("effect"))
     mended = " (its result altered so that it could be stored)" if p.get("normalised") else ""
@@ -93,8 +110,24 @@ def approval(p: ApprovalPayload) -> str:
     if p.get("by") == "deadline":
         shown = f": {calls}" if calls else ""
         return f"Expired: nobody decided before the deadline — {_deadline_outcome(p)}{shown}"
+    if p.get("per_call"):
+        each = ", ".join(
+            f"{v.name or '?'} {_VERDICT_WORDS.get(v.verdict, v.verdict)}"
+            for v in approval_verdicts(p)
+        )
+        return f"Decided per call: {each}"
     verdict = "Approved" if p.get("approved") else "Denied"
-    return f"{verdict}{': ' + calls if calls else ''}"
+    reason = p.get("reason")
+    said = f" (reason: {reason[:QUOTED]})" if isinstance(reason, str) and reason else ""
+    return f"{verdict}{': ' + calls if calls else ''}{said}"
+
+
+_VERDICT_WORDS = {
+    "approve": "approved",
+    "deny": "denied",
+    "answer": "answered, not run",
+    "edit": "edited (a new card follows)",
+}
 
 
 def input_(p: InputPayload) -> str:

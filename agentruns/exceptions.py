@@ -50,6 +50,13 @@ class RunNotFound(LeaseholdError):
     status = 404
 
 
+class AmbiguousRunId(LeaseholdError):
+    """More than one run starts with that id: give more of it."""
+
+    code = "ambiguous_run_id"
+    status = 400
+
+
 class ConfigurationNotFound(LeaseholdError):
     """No active configuration with that slug."""
 
@@ -116,6 +123,56 @@ class InvalidInput(LeaseholdError):
         # ``errors`` typed for the forms; the detail carries them as JSON for every other reader.
         self.errors: tuple[SchemaError, ...] = tuple(errors)
         super().__init__(message, errors=[error.as_dict() for error in self.errors])
+
+
+class CallsMismatch(LeaseholdError):
+    """Name every open call of the turn exactly once."""
+
+    code = "calls_mismatch"
+    status = 400
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        missing: Sequence[str] = (),
+        duplicated: Sequence[str] = (),
+        unknown: Sequence[str] = (),
+    ) -> None:
+        super().__init__(
+            message, missing=list(missing), duplicated=list(duplicated), unknown=list(unknown)
+        )
+
+
+class ValueTooLong(LeaseholdError):
+    """A value is longer than allowed."""
+
+    code = "value_too_long"
+    status = 400
+
+    def __init__(self, message: str | None = None, *, field: str, limit: int) -> None:
+        super().__init__(message, field=field, limit=limit)
+
+
+class InvalidArguments(LeaseholdError):
+    """The edited arguments do not match the tool's schema."""
+
+    code = "invalid_arguments"
+    status = 422
+
+    def __init__(
+        self, message: str | None = None, *, call_id: str, errors: Sequence[SchemaError] = ()
+    ) -> None:
+        # ``errors`` typed for the forms; ``field`` names the first field at fault ("" for the
+        # arguments as a whole), ``errors`` carries them all as JSON.
+        self.errors: tuple[SchemaError, ...] = tuple(errors)
+        first = self.errors[0].path if self.errors else ()
+        super().__init__(
+            message,
+            call_id=call_id,
+            field="/".join(str(part) for part in first),
+            errors=[error.as_dict() for error in self.errors],
+        )
 
 
 class UnreadableState(LeaseholdError):

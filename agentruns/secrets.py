@@ -1,6 +1,6 @@
 """Secrets by name: which environment variables a configuration may read a secret from.
 
-Owns the rule of docs/design.md §12.5. A configuration (``api_key_env``) or an MCP server
+Owns the rule of docs/design.md §12.4. A configuration (``api_key_env``) or an MCP server
 (``headers_env``) names the environment variable that holds a secret; only names starting with
 one of ``AGENTRUNS["SECRET_ENV_PREFIXES"]`` (default ``LEASEHOLD_``) may be named, so whoever
 edits a row in the admin cannot have the process send its other secrets (``DJANGO_SECRET_KEY``,

@@ -23,7 +23,7 @@ from django.db.models.functions import Now
 
 from agentruns.attribution import Attribution, attribute_runs
 from agentruns.authority import DECIDE_PERMISSION, VIEW_ALL_PERMISSION, Decider
-from agentruns.exceptions import RunNotFound
+from agentruns.exceptions import AmbiguousRunId, RunNotFound
 from agentruns.models import (
     DEADLINE_STATUSES,
     WAITING_STATUSES,
@@ -101,8 +101,71 @@ def run_get(*, run_uuid: UUID | str, user: User | None) -> AgentRun:
         raise RunNotFound() from None
 
 
+#: The shortest start of a run id ``run_uuid_for`` looks up (pages show 8 characters).
+MIN_RUN_ID_PREFIX = 4
+_HEX = frozenset("0123456789abcdef")
+
+
+def run_uuid_for(*, text: str) -> UUID:
+    """The uuid of the run ``text`` names, for the server's commands (which see every run): a
+    whole uuid, or its start — the short id every page shows, ``MIN_RUN_ID_PREFIX`` hex digits
+    or more, dashes optional. ``RunNotFound`` when no run matches (or ``text`` is no id);
+    ``AmbiguousRunId`` naming some of the runs that do when more than one does."""
+    raw = text.strip().lower()
+    try:
+        whole = UUID(raw)
+    except ValueError:
+        whole = None
+    if whole is not None:
+        if AgentRun.objects.filter(uuid=whole).exists():
+            return whole
+        raise RunNotFound(f"no run {whole}")
+    digits = raw.replace("-", "")
+    if not (MIN_RUN_ID_PREFIX <= len(digits) <= 32 and set(digits) <= _HEX):
+        raise RunNotFound(
+            f"not a run id: {text!r} (a run's uuid, or its first {MIN_RUN_ID_PREFIX} or more "
+            "hex digits)"
+        )
+    # The canonical form's start (dashes after 8, 12, 16 and 20 digits): PostgreSQL compares
+    # the uuid's text with dashes, other databases without (Django strips them there).
+    dashed = "-".join(digits[a:b] for a, b in ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32)))
+    found = list(
+        AgentRun.objects.filter(uuid__startswith=dashed.rstrip("-"))
+        .order_by("created_at")
+        .values_list("uuid", flat=True)[:4]
+    )
+    if not found:
+        raise RunNotFound(f"no run's id starts with {digits}")
+    if len(found) > 1:
+        shown = ", ".join(str(u) for u in found[:3]) + (", …" if len(found) > 3 else "")
+        raise AmbiguousRunId(
+            f"{text!r} is the start of more than one run ({shown}): give more of its id"
+        )
+    return found[0]
+
+
+def runs_by_uuid(*, run_uuids: Iterable[UUID], user: User | None) -> dict[UUID, AgentRun]:
+    """The runs of ``run_uuids`` that ``user`` may see, by uuid, with configuration joined (one
+    query): what a page needs to name several runs (a batch decision's outcomes). A uuid with
+    no such run, or one ``user`` may not see, is absent."""
+    uuids = list(run_uuids)
+    queryset = AgentRun.objects.filter(uuid__in=uuids).select_related("configuration")
+    return {run.uuid: run for run in visible_runs(user=user, queryset=queryset)} if uuids else {}
+
+
 def run_events(*, run: AgentRun, after: int = -1) -> QuerySet[AgentRunEvent]:
     return run.events.filter(sequence__gt=after).select_related("actor").order_by("sequence")
+
+
+def run_lease(*, run_id: int) -> tuple[Any, ...] | None:
+    """``(lease_expires, lease_epoch, next_sequence, pending_effect)`` of the run now, or None
+    when it is gone: a watcher (the playground's stream) tells a heartbeat — ``lease_expires``
+    moved and nothing else did — from a step. One indexed read."""
+    return (
+        AgentRun.objects.filter(pk=run_id)
+        .values_list("lease_expires", "lease_epoch", "next_sequence", "pending_effect")
+        .first()
+    )
 
 
 def stale_runs(*, after: tuple[Any, int] | None = None) -> QuerySet[AgentRun]:

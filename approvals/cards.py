@@ -7,8 +7,9 @@ remote tool's origin reads its server row."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from agentruns.authority import (
     Authority,
@@ -28,6 +29,7 @@ from agentruns.turns import (
     read_pending_turn,
     waits_for_a_human,
 )
+from agentruns.verdict_forms import CallForm, approves_all, turn_call_forms
 
 
 @dataclass
@@ -38,11 +40,29 @@ class Card:
     form: InputValuesForm | None = None
     # The posted digest differed from the turn shown now (input re-rendered after a change).
     changed: bool = False
+    # Shown open in the inbox's one-line view (an input form coming back with its errors).
+    opened: bool = False
     # Approval and reconciliation cards: whether the reader may approve / say it landed, and
     # what they lack if not (they may still deny / abandon).
     authority: Authority | None = None
     # Whether the reader may cancel the run (*Cancel run*), and what they lack if not.
     cancel: Authority | None = None
+    # Approval cards: each call's verdict form (what the reader may give it), model order.
+    call_forms: list[CallForm] = field(default_factory=list)
+
+    @property
+    def approve_all(self) -> bool:
+        """Whether *Approve all* is offered (``verdict_forms.approves_all``)."""
+        return self.authority is not None and approves_all(self.authority, self.call_forms)
+
+    @property
+    def may_decide(self) -> bool:
+        return any(f.choices.verdicts for f in self.call_forms)
+
+    @property
+    def has_problems(self) -> bool:
+        """Whether posted verdicts came back with a problem (the card then says which)."""
+        return any(f.has_problems for f in self.call_forms)
 
     @property
     def kind(self) -> str:
@@ -71,10 +91,11 @@ class Card:
         return f"run{self.run.pk}"
 
 
-def card_for(run: AgentRun, *, reader: Decider) -> Card | None:
+def card_for(run: AgentRun, *, reader: Decider, data: Any | None = None) -> Card | None:
     """The card for a waiting run as ``reader`` sees it (an unbound input form for input turns,
-    the reader's authority for approval and reconciliation turns); ``None`` when the run waits
-    for nobody. Everything the card shows about a call comes from ``card.pending``."""
+    the reader's authority for approval and reconciliation turns, and for approval turns each
+    call's verdict form, bound to ``data`` when given); ``None`` when the run waits for nobody.
+    Everything the card shows about a call comes from ``card.pending``."""
     if not waits_for_a_human(run):
         return None
     pending = shown_turn(run, read_pending_turn(run))
@@ -87,6 +108,10 @@ def card_for(run: AgentRun, *, reader: Decider) -> Card | None:
             configuration=run.configuration,
             pending=card.pending,
             escalated_to=escalation_of(run),
+        )
+    if card.kind == APPROVAL:
+        card.call_forms = turn_call_forms(
+            run=run, pending=card.pending, reader=reader, prefix=card.form_id, data=data
         )
     return card
 

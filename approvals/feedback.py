@@ -1,12 +1,27 @@
 """What the inbox tells staff: every refusal, every outcome and every attribution, worded in one
-place. Views pass the typed exception or the service's result here and show the sentence."""
+place. Views pass the typed exception or the service's result here and show the sentence.
+
+Every message after a decision names its run — a link to its timeline, the short id and the
+configuration — before the sentence (``about_run``): after one of five identical cards, the
+reviewer knows which one it was. Messages are built with ``format_html``: every model-, person-
+or server-chosen part is escaped."""
 
 from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from uuid import UUID
+
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from agentruns.attribution import Attribution
 from agentruns.exceptions import (
     AlreadyDecided,
     ApprovalExpired,
+    CallsMismatch,
+    InvalidArguments,
     InvalidInput,
     InvalidRequest,
     LeaseholdError,
@@ -17,9 +32,17 @@ from agentruns.exceptions import (
     StaleTurn,
     StateWriteFailed,
     UnreadableState,
+    ValueTooLong,
 )
-from agentruns.models import Status
+from agentruns.models import AgentRun, Status
+from agentruns.services.batch_decisions import (
+    ALREADY_DECIDED,
+    APPROVED,
+    DENIED,
+    BatchOutcome,
+)
 from agentruns.services.runtime.results import Outcome, SegmentResult
+from agentruns.turns import CallVerdict
 
 # Refusals: nothing changed in any of these cases.
 REFUSALS: dict[type[LeaseholdError], str] = {
@@ -35,7 +58,27 @@ REFUSALS: dict[type[LeaseholdError], str] = {
     InvalidInput: "The values do not match what the tool asked for — nothing was changed.",
     UnreadableState: "This run's stored state cannot be read — nothing was changed.",
     StateWriteFailed: "The database refused the change — nothing was changed. Try again.",
+    CallsMismatch: "The verdicts did not name each call of the turn once — nothing was changed. "
+    "Review the run and try again.",
+    ValueTooLong: "A reason or an answer was too long — nothing was changed.",
+    InvalidArguments: "The edited arguments do not match what the tool accepts — nothing was "
+    "changed.",
 }
+
+
+def about_run(run: AgentRun | UUID | str, sentence: str) -> SafeString:
+    """``sentence`` about a run, led by the run: *Run 7b7e07e3 (Notes assistant): …*, the run
+    linked to its timeline. A run that could not be read (only its uuid is known) is named by its
+    short id alone, unlinked: it may not exist."""
+    if not isinstance(run, AgentRun):
+        return format_html("Run {}: {}", str(run)[:8], sentence)
+    return format_html(
+        '<a href="{}">Run {}</a> ({}): {}',
+        reverse("approvals:run", args=[run.uuid]),
+        str(run.uuid)[:8],
+        run.configuration.name,
+        sentence,
+    )
 
 
 def refusal_message(exc: LeaseholdError) -> str:
@@ -64,6 +107,72 @@ def approval_message(result: SegmentResult, *, approved: bool) -> str:
         "Denied: none of the turn's calls runs, and the model is told an operator denied "
         f"them. {_continues(result)}"
     )
+
+
+# The first line after deciding a selection; one message per run follows.
+BATCH_SUMMARY = "{decided} of {selected} selected run{s} {verb}{rest}."
+
+
+def batch_summary(outcomes: Sequence[BatchOutcome], *, approved: bool) -> str:
+    """The first line after deciding a selection: how many were decided, how many were not."""
+    decided = sum(1 for o in outcomes if o.decided)
+    left = len(outcomes) - decided
+    return BATCH_SUMMARY.format(
+        decided=decided,
+        selected=len(outcomes),
+        s="" if len(outcomes) == 1 else "s",
+        verb="approved" if approved else "denied",
+        rest=f"; {left} not (each says why below)" if left else "",
+    )
+
+
+def batch_outcome_message(
+    outcome: BatchOutcome, run: AgentRun | None, *, approved: bool
+) -> SafeString:
+    """What happened to one run of a selection, naming the run."""
+    named: AgentRun | UUID = run if run is not None else outcome.run_uuid
+    if outcome.outcome in (APPROVED, DENIED) and outcome.result is not None:
+        return about_run(
+            named, approval_message(outcome.result, approved=outcome.outcome == APPROVED)
+        )
+    assert outcome.refusal is not None
+    if outcome.outcome == ALREADY_DECIDED:
+        return about_run(named, refusal_message(outcome.refusal))
+    verb = "approved" if approved else "denied"
+    return about_run(named, f"Not {verb}: {refusal_message(outcome.refusal)}")
+
+
+# A per-call decision's verdicts, as the message after it counts them.
+VERDICT_WORDS = {"approve": "approved", "deny": "denied", "answer": "answered", "edit": "edited"}
+
+
+def decision_message(
+    result: SegmentResult,
+    *,
+    approved: bool | None = None,
+    verdicts: Sequence[CallVerdict] | None = None,
+) -> str:
+    """After a decision: *Approve all* / *Deny all* as ``approval_message`` says them; per-call
+    verdicts counted ("1 approved, 1 denied with your reason"), and what an edit means."""
+    if verdicts is None:
+        return approval_message(result, approved=bool(approved))
+    counts: Counter[str] = Counter(v.verdict for v in verdicts)
+    said = ", ".join(
+        f"{counts[verdict]} {VERDICT_WORDS[verdict]}"
+        for verdict in VERDICT_WORDS
+        if counts[verdict]
+    )
+    reasons = (
+        " The model reads your reasons, marked as your words."
+        if any(v.reason for v in verdicts)
+        else ""
+    )
+    if counts["edit"]:
+        return (
+            f"Decided per call: {said}.{reasons} Nothing runs yet: the edited turn comes back as a "
+            "new card, with a fresh preview, for someone to approve."
+        )
+    return f"Decided per call: {said}.{reasons} {_continues(result)}"
 
 
 def cancel_message(*, cancelled: bool, status: str) -> str:

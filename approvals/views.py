@@ -1,5 +1,6 @@
-"""The inbox's views. Each parses the request, calls one selector or service, and renders or
-redirects (post-redirect-get). Refusals become messages through ``approvals.feedback``.
+"""The inbox's pages (the decisions, posted from them, are ``approvals.decision_views``). Each
+parses the request, calls one selector or service, and renders or redirects
+(post-redirect-get). Refusals become messages through ``approvals.feedback``.
 
 Every view is served through ``admin.site.admin_view`` and ``decider_required`` (see
 ``approvals.urls``): staff with ``agentruns.decide_agentrun`` only, CSRF-protected, never cached.
@@ -15,37 +16,37 @@ from uuid import UUID
 from django.contrib import admin, messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseRedirect,
+    QueryDict,
+    StreamingHttpResponse,
+)
 from django.http.response import HttpResponseBase
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods
 
 from agentruns import audit, review_links, selectors
 from agentruns.authority import Decider
 from agentruns.exceptions import (
-    InvalidInput,
     InvalidRequest,
     LeaseholdError,
-    NotWaiting,
     ReviewLinkExpired,
     ReviewLinkForAnotherAccount,
     ReviewLinkInvalid,
-    UnreadableState,
 )
-from agentruns.input_forms import input_form_for
 from agentruns.models import AgentRun
 from agentruns.services import runs
-from agentruns.turns import INPUT, UNREADABLE
+from agentruns.turns import APPROVAL
 from approvals import feedback
 from approvals.cards import Card, cancel_for, card_for
-from approvals.forms import CancelForm, DecisionForm, InputMetaForm, ReconciliationForm
+from approvals.forms import COMPACT, CancelForm
 
 INBOX_PAGE_SIZE = 20
 RECENT_PAGE_SIZE = 50
-# Decisions are recorded and handed to a worker (docs/design.md §5.8).
-DECISION_MODE = "queued"
 
 View = Callable[..., HttpResponseBase]
 
@@ -66,7 +67,7 @@ def _context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
     return {**admin.site.each_context(request), **extra}
 
 
-def _next(request: HttpRequest, default: str = "") -> str:
+def back_to(request: HttpRequest, default: str = "") -> str:
     """Where to go back to: the posted (or, for a GET, queried) ``next`` when it is a URL of this
     site, else ``default`` (the inbox)."""
     target = (request.POST if request.method == "POST" else request.GET).get("next") or ""
@@ -77,23 +78,40 @@ def _next(request: HttpRequest, default: str = "") -> str:
     return default or reverse("approvals:inbox")
 
 
-def _refused(request: HttpRequest, exc: LeaseholdError) -> HttpResponseRedirect:
-    messages.error(request, feedback.refusal_message(exc))
-    return HttpResponseRedirect(_next(request))
+def refused(
+    request: HttpRequest, exc: LeaseholdError, *, run: AgentRun | UUID | None = None
+) -> HttpResponseRedirect:
+    """Say why nothing changed — about ``run`` when one is named — and go back to ``next``."""
+    sentence = feedback.refusal_message(exc)
+    messages.error(request, sentence if run is None else feedback.about_run(run, sentence))
+    return HttpResponseRedirect(back_to(request))
 
 
 # --- Pages -------------------------------------------------------------------------------------
 
 
-@require_GET
-def inbox(request: HttpRequest) -> HttpResponse:
-    """Runs waiting for a decision, input or reconciliation, oldest first, one card each."""
-    kind = request.GET.get("kind")
+def inbox_page(
+    request: HttpRequest,
+    *,
+    params: QueryDict,
+    next_url: str,
+    opened: Card | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    """The inbox as ``params`` (its query: ``kind``, ``page``, ``view``) asks for it. ``opened``:
+    a card to show as it stands (an input form coming back with its errors), in place of the
+    run's card on the page (first, if the run is not on it), open in the compact view."""
+    kind = params.get("kind")
     kind = kind if kind in selectors.INBOX_KINDS else None
+    compact = params.get("view") == COMPACT
     reader = Decider(request.user)  # reads the reader's groups once for the page
     page = Paginator(selectors.inbox_runs(user=request.user, kind=kind), INBOX_PAGE_SIZE).get_page(
-        request.GET.get("page")
+        params.get("page")
     )
+    cards = [card_for(run, reader=reader) for run in page.object_list]
+    if opened is not None:
+        at = next((i for i, c in enumerate(cards) if c and c.run.pk == opened.run.pk), None)
+        cards = [opened, *cards] if at is None else [*cards[:at], opened, *cards[at + 1 :]]
     return render(
         request,
         "approvals/inbox.html",
@@ -101,12 +119,25 @@ def inbox(request: HttpRequest) -> HttpResponse:
             request,
             title="Approvals inbox",
             page=page,
-            cards=[card_for(run, reader=reader) for run in page.object_list],
+            cards=cards,
+            selectable=any(
+                c.kind == APPROVAL and c.authority and c.authority.may_decide for c in cards if c
+            ),
             counts=selectors.inbox_counts(user=request.user),
             kind=kind,
-            next=request.get_full_path(),
+            compact=compact,
+            view_query="&view=compact" if compact else "",
+            next=next_url,
         ),
+        status=status,
     )
+
+
+@require_GET
+def inbox(request: HttpRequest) -> HttpResponse:
+    """Runs waiting for a decision, input or reconciliation, oldest first, one card each — in
+    full, or one line each (``?view=compact``: expand a line to decide)."""
+    return inbox_page(request, params=request.GET, next_url=request.get_full_path())
 
 
 @require_GET
@@ -129,7 +160,7 @@ def recent(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _run_page(
+def run_page(
     request: HttpRequest, run: AgentRun, *, card: Card | None, next_url: str, status: int = 200
 ) -> HttpResponse:
     return render(
@@ -157,7 +188,7 @@ def run_detail(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
     except LeaseholdError as exc:
         messages.error(request, feedback.refusal_message(exc))
         return HttpResponseRedirect(reverse("approvals:inbox"))
-    return _run_page(
+    return run_page(
         request,
         run,
         card=card_for(run, reader=Decider(request.user)),
@@ -195,7 +226,7 @@ def review(request: HttpRequest, run_uuid: UUID, token: str) -> HttpResponse:
             status=exc.status,
         )
     except LeaseholdError as exc:
-        return _refused(request, exc)
+        return refused(request, exc, run=run_uuid)
     reader = Decider(request.user)
     card = card_for(opened.run, reader=reader) if opened.state == review_links.WAITING else None
     return render(
@@ -219,11 +250,11 @@ def cancel(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
     may); POST: cancel it through ``runs.run_cancel`` (its rules, its guarded write), then go
     back to ``next``. A cancel racing a decision: whichever guarded write comes second finds
     the run no longer waiting and changes nothing."""
-    back = _next(request, reverse("approvals:run", args=[run_uuid]))
+    back = back_to(request, reverse("approvals:run", args=[run_uuid]))
     try:
         run = selectors.run_get(run_uuid=run_uuid, user=request.user)
     except LeaseholdError as exc:
-        return _refused(request, exc)
+        return refused(request, exc, run=run_uuid)
     if request.method == "GET":
         return render(
             request,
@@ -237,102 +268,19 @@ def cancel(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
             ),
         )
     if not CancelForm(request.POST).is_valid():
-        return _refused(request, InvalidRequest())
+        return refused(request, InvalidRequest(), run=run)
     try:
         cancelled = runs.run_cancel(
             run_uuid=run_uuid, actor=request.user, note="cancelled in the approvals inbox"
         )
     except LeaseholdError as exc:
-        messages.error(request, feedback.refusal_message(exc))
+        messages.error(request, feedback.about_run(run, feedback.refusal_message(exc)))
         return HttpResponseRedirect(back)
     if cancelled:
-        messages.success(request, feedback.cancel_message(cancelled=True, status=""))
+        sentence = feedback.cancel_message(cancelled=True, status="")
+        messages.success(request, feedback.about_run(run, sentence))
     else:
         run.refresh_from_db(fields=["status"])
-        messages.warning(request, feedback.cancel_message(cancelled=False, status=run.status))
+        sentence = feedback.cancel_message(cancelled=False, status=run.status)
+        messages.warning(request, feedback.about_run(run, sentence))
     return HttpResponseRedirect(back)
-
-
-# --- Decisions (POST, then redirect) ------------------------------------------------------------
-
-
-@require_POST
-def decide(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
-    """Approve or deny a pending turn, bound to the digest of the turn shown."""
-    form = DecisionForm(request.POST)
-    if not form.is_valid():
-        return _refused(request, InvalidRequest())
-    try:
-        result = runs.run_decide(
-            run_uuid=run_uuid,
-            actor=request.user,
-            approved=form.approved,
-            turn_digest=form.digest,
-            mode=DECISION_MODE,
-        )
-    except LeaseholdError as exc:
-        return _refused(request, exc)
-    messages.success(request, feedback.approval_message(result, approved=form.approved))
-    return HttpResponseRedirect(_next(request))
-
-
-@require_POST
-def reconcile(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
-    """Settle an in-doubt write: landed, did not land, or abandon (docs/design.md §9)."""
-    form = ReconciliationForm(request.POST)
-    if not form.is_valid():
-        return _refused(request, InvalidRequest())
-    verdict = form.cleaned_data["verdict"]
-    try:
-        result = runs.run_reconcile(
-            run_uuid=run_uuid,
-            actor=request.user,
-            verdict=verdict,
-            turn_digest=form.digest,
-            mode=DECISION_MODE,
-        )
-    except LeaseholdError as exc:
-        return _refused(request, exc)
-    messages.success(request, feedback.reconciliation_message(result, verdict=verdict))
-    return HttpResponseRedirect(_next(request))
-
-
-@require_POST
-def submit_input(request: HttpRequest, run_uuid: UUID) -> HttpResponse:
-    """Supply the values a tool asked for. Invalid values re-render the run with status 422, an
-    error summary and the values kept; every other refusal is a message after a redirect."""
-    meta = InputMetaForm(request.POST)
-    if not meta.is_valid():
-        return _refused(request, InvalidRequest())
-    try:
-        run = selectors.run_get(run_uuid=run_uuid, user=request.user)
-    except LeaseholdError as exc:
-        return _refused(request, exc)
-    card = card_for(run, reader=Decider(request.user))
-    if card is not None and card.kind == UNREADABLE:
-        return _refused(request, UnreadableState())
-    if card is None or card.kind != INPUT:
-        return _refused(request, NotWaiting(status=run.status))
-    if card.spec is None or not card.spec.usable:
-        return _refused(request, InvalidRequest())
-
-    _, form = input_form_for(card.pending, request.POST, prefix=card.form_id)
-    card.form = form
-    card.changed = meta.digest != card.pending.turn_digest
-    if form is not None and form.is_valid():
-        try:
-            result = runs.run_submit_input(
-                run_uuid=run_uuid,
-                actor=request.user,
-                values=form.values(),
-                turn_digest=meta.digest,
-                mode=DECISION_MODE,
-            )
-        except InvalidInput as exc:
-            form.add_schema_errors(exc.errors)
-        except LeaseholdError as exc:
-            return _refused(request, exc)
-        else:
-            messages.success(request, feedback.input_message(result))
-            return HttpResponseRedirect(_next(request))
-    return _run_page(request, run, card=card, next_url=_next(request), status=422)

@@ -15,7 +15,10 @@ touched. Workloads:
 
 * ``read``: every round is a provider call answered with one call of a no-op read tool;
 * ``write``: every round is a provider call answered with one call of a no-op idempotent write,
-  which suspends, is approved inline and runs fenced under a ``resume:`` segment.
+  which suspends, is approved inline and runs fenced under a ``resume:`` segment;
+* ``pair``: every round proposes two such writes, approved whole (one decision for the turn);
+* ``per_call``: the same two-call turn decided per call — the first approved, the second denied
+  with a reason (docs/design.md §5): the denial is settled at a boundary before the write runs.
 
 Tool bodies and the scripted provider issue no SQL, so every statement counted is the runtime's.
 A round runs from one ``request`` event to the next; the closing provider call is not a round.
@@ -25,8 +28,9 @@ A round runs from one ``request`` event to the next; the closing provider call i
 call), docs/design.md §14.
 
 With ``--json`` the last line is one JSON object: ``{"database": "postgresql"|"sqlite", "read":
-{"statements_per_round", "ms_per_round", "raw_replay_ms", "ratio_to_raw_replay"}, "write": {…the
-same keys}}`` (medians; the raw replay is the round's own statements through the driver).
+{"statements_per_round", "ms_per_round", "raw_replay_ms", "ratio_to_raw_replay"}, "write",
+"pair", "per_call": {…the same keys}}`` (medians; the raw replay is the round's own statements
+through the driver).
 
 The ledger's cost (issue 13: at most 5 % of a round): the time spent computing the hash chain
 (``agentruns.ledger.chain``) inside the timed rounds, against the rounds' time (the hashing of a
@@ -127,11 +131,32 @@ def register_tools() -> None:
     )
 
 
-def script(tool: str, rounds: int) -> list[dict[str, Any]]:
+#: The workloads, in the order they run; ``pair`` and ``per_call`` propose two calls a turn.
+WORKLOADS = ("read", "write", "pair", "per_call")
+
+
+def script(tool: str, rounds: int, *, calls: int = 1) -> list[dict[str, Any]]:
     turns: list[dict[str, Any]] = [
-        {"tool_calls": [{"name": tool, "arguments": {"n": n}}]} for n in range(rounds)
+        {"tool_calls": [{"name": tool, "arguments": {"n": n * 10 + i}} for i in range(calls)]}
+        for n in range(rounds)
     ]
     return [*turns, {"content": "done"}]
+
+
+def decision(workload: str, run: Any) -> dict[str, Any]:
+    """The decision a workload gives a waiting run: the whole turn approved, or (``per_call``)
+    its first call approved and its second denied with a reason."""
+    if workload != "per_call":
+        return {"approved": True}
+    from agentruns.turns import CallVerdict
+
+    first, second = (call["id"] for call in run.pending_turn["calls"])
+    return {
+        "verdicts": [
+            CallVerdict(first, "approve"),
+            CallVerdict(second, "deny", reason="benchmark: not this one"),
+        ]
+    }
 
 
 class RoundClock:
@@ -151,20 +176,21 @@ def one_run(workload: str, rounds: int, clock: RoundClock, approver: Any, config
     from agentruns.services.runs import run_decide, run_start_sync
 
     tool = READ_TOOL if workload == "read" else WRITE_TOOL
+    calls = 2 if workload in ("pair", "per_call") else 1
     result = run_start_sync(
         configuration=config,
         prompt="benchmark",
-        options={"script": script(tool, rounds)},
+        options={"script": script(tool, rounds, calls=calls)},
         observer=clock,
     )
     while result.outcome == "awaiting_approval":
         result = run_decide(
             run_uuid=result.run.uuid,
             actor=approver,
-            approved=True,
             turn_digest=result.run.pending_turn["turn_digest"],
             mode="inline",
             observer=clock,
+            **decision(workload, result.run),
         )
     return result.outcome
 
@@ -572,7 +598,8 @@ def main() -> None:
             # Warm up caches and connections.
             one_run("read", 2, RoundClock(), approver, config)
             one_run("write", 2, RoundClock(), approver, config)
-            for workload in ("read", "write"):
+            one_run("per_call", 2, RoundClock(), approver, config)
+            for workload in WORKLOADS:
                 stats = count_statements(
                     workload,
                     runs=max(1, args.runs // 4),

@@ -19,8 +19,10 @@ def _tool_choices() -> list[tuple[str, str]]:
 
 
 class RunForm(forms.Form):
+    # In the order they were added (the demo's Notes assistant first): the first is chosen
+    # unless the page is opened with ``?configuration=<slug>``.
     configuration = forms.ModelChoiceField(
-        queryset=AgentConfiguration.objects.filter(is_active=True),
+        queryset=AgentConfiguration.objects.filter(is_active=True).order_by("pk"),
         to_field_name="slug",
         empty_label=None,
     )

@@ -6,6 +6,10 @@ call); the segment's observer hands each committed event to the response through
 step is written the moment its boundary committed. The body ends with exactly one terminal line
 (``end`` or ``error``).
 
+While nothing is recorded the body looks at the run's lease every ``HEARTBEAT_POLL_SECONDS``:
+a renewal by the segment's heartbeat (its lease renewed while a call runs, nothing else changed)
+is written as a ``heartbeat`` line the moment it is seen (``heartbeat_line``).
+
 If the client goes away the WSGI server closes the body: ``close()`` then settles the run
 ``failed`` / ``abandoned`` under the segment's own lease (``runs.run_abandon``), and the segment
 thread, whose next boundary write matches nothing, stops (lease lost). A write in flight is never
@@ -25,6 +29,7 @@ from typing import Any
 
 from django.db import connections
 
+from agentruns import selectors
 from agentruns.exceptions import LeaseholdError
 from agentruns.leases import EventSpec, Lease
 from agentruns.services import runs
@@ -34,13 +39,16 @@ logger = logging.getLogger(__name__)
 
 Start = Callable[..., SegmentResult]
 THREAD_PREFIX = "playground-stream"
+HEARTBEAT_POLL_SECONDS = 1.0
 
 
 class RunStream:
     """An iterator of NDJSON lines (bytes) for one segment; see the module docstring.
 
     ``step_line(spec, run_uuid)``, ``end_line(result)`` and ``error_line(exc)`` turn what the
-    segment produced into the JSON objects written (rendered in the response's thread).
+    segment produced into the JSON objects written (rendered in the response's thread);
+    ``heartbeat_line(lease, lease_expires)`` a renewal of its lease seen in the row (None: no
+    heartbeat lines).
     """
 
     def __init__(
@@ -50,11 +58,15 @@ class RunStream:
         step_line: Callable[[EventSpec, str], dict[str, Any]],
         end_line: Callable[[SegmentResult], dict[str, Any]],
         error_line: Callable[[Exception], dict[str, Any]],
+        heartbeat_line: Callable[[Lease, Any], dict[str, Any]] | None = None,
     ) -> None:
         self._start = start
         self._step_line = step_line
         self._end_line = end_line
         self._error_line = error_line
+        self._heartbeat_line = heartbeat_line
+        # The lease as last seen: (lease_expires, lease_epoch, next_sequence, pending_effect).
+        self._seen: tuple[Any, ...] | None = None
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._lock = threading.Lock()
         self._lease: Lease | None = None
@@ -74,9 +86,17 @@ class RunStream:
         if self.thread is None:
             self.thread = threading.Thread(target=self._work, name=THREAD_PREFIX, daemon=True)
             self.thread.start()
-        kind, item = self._queue.get()
+        while True:
+            try:
+                kind, item = self._queue.get(timeout=HEARTBEAT_POLL_SECONDS)
+                break
+            except queue.Empty:
+                beat = self._heartbeat()
+                if beat is not None:
+                    return (json.dumps({"event": "heartbeat", **beat}, default=str) + "\n").encode()
         if kind == "step":
             spec, run_uuid = item
+            self._seen = None  # a step moves the lease too: look afresh from here
             line = {"event": "step", **self._step_line(spec, run_uuid)}
         elif kind == "end":
             self._finished = True
@@ -85,6 +105,22 @@ class RunStream:
             self._finished = True
             line = {"event": "error", **self._error_line(item)}
         return (json.dumps(line, default=str) + "\n").encode()
+
+    def _heartbeat(self) -> dict[str, Any] | None:
+        """A ``heartbeat`` line when the lease was renewed since it was last seen and nothing
+        else moved (no event appended, no fence stamped or cleared, the same epoch); else None
+        (the first look only remembers what it saw)."""
+        with self._lock:
+            lease = self._lease
+        if self._heartbeat_line is None or lease is None:
+            return None
+        now = selectors.run_lease(run_id=lease.run_id)
+        seen, self._seen = self._seen, now
+        if now is None or seen is None or now[1] != lease.epoch:
+            return None
+        if now[0] == seen[0] or now[1:] != seen[1:]:
+            return None
+        return self._heartbeat_line(lease, now[0])
 
     def close(self) -> None:
         """Called by the server when the body is done or the client went away."""

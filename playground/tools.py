@@ -25,7 +25,15 @@ from agentruns.outbound import (
     resolve_target,
     webhook_target,
 )
-from agentruns.tools import CheckAnswer, CheckContext, OutcomeUnknown, Tool, ToolContext, tool
+from agentruns.tools import (
+    CheckAnswer,
+    CheckContext,
+    OutcomeUnknown,
+    Tool,
+    ToolContext,
+    ToolRefused,
+    tool,
+)
 from agentruns.turns import Change, Preview
 from playground.models import Note
 
@@ -313,11 +321,16 @@ def call_webhook(context: ToolContext, arguments: dict[str, Any]) -> dict[str, A
     """Non-idempotent write. Checks the URL against ``WEBHOOK_ALLOWLIST`` (read now) by name and
     by the addresses the name resolves to, before any connection, and connects only to those
     addresses (``agentruns.outbound``); sends ``Idempotency-Key`` and ``X-Fencing-Token``; times
-    out after ``context.timeout_seconds``. An HTTP status (errors included) is a result. A
-    failure to resolve or connect is a failure (nothing was sent); a timeout or a lost
+    out after ``context.timeout_seconds``. An HTTP status (errors included) is a result. A URL
+    the allowlist refuses is ``ToolRefused`` (nothing was sent); a failure to resolve or connect
+    is a failure (nothing was sent); a timeout or a lost
     connection once the request may have been sent raises ``OutcomeUnknown``: the run waits
     for reconciliation."""
-    connection, path = _connection(_target(arguments["url"]), context.timeout_seconds)
+    try:
+        target = _target(arguments["url"])
+    except WebhookRefused as refused:
+        raise ToolRefused(str(refused)) from None
+    connection, path = _connection(target, context.timeout_seconds)
     try:
         connection.connect()
     except OSError as exc:

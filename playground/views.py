@@ -14,7 +14,14 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import user_passes_test
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseRedirect,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -23,28 +30,40 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from agentruns import display, selectors
 from agentruns.authority import (
-    Authority,
-    approval_authority,
-    cancel_authority,
-    escalation_of,
+    Decider,
     start_authority,
 )
-from agentruns.exceptions import InvalidInput, InvalidRequest, LeaseholdError, RunNotFound
-from agentruns.input_forms import InputSpec, InputValuesForm, input_form_for
-from agentruns.jsonview import pretty_arguments
-from agentruns.leases import EventSpec
-from agentruns.models import AgentRun, Status
+from agentruns.exceptions import (
+    InvalidArguments,
+    InvalidInput,
+    InvalidRequest,
+    LeaseholdError,
+    RunNotFound,
+)
+from agentruns.input_forms import InputValuesForm
+from agentruns.leases import EventSpec, Lease
+from agentruns.models import AgentRun
 from agentruns.services import runs
 from agentruns.services.runtime.results import SegmentResult
 from agentruns.tools.shown import shown_turn
-from agentruns.turns import APPROVAL, INPUT, read_pending_turn, waits_for_a_human
+from agentruns.turns import APPROVAL, read_pending_turn
+from agentruns.verdict_forms import (
+    APPROVE_ALL,
+    DECISIONS,
+    DENY_ALL,
+    CallForm,
+    add_argument_errors,
+    decision_arguments,
+    turn_call_forms,
+)
 from playground import trace
 from playground.forms import RunForm
+from playground.pending import VERDICT_PREFIX, cancel_for, input_form_of, pending_context
 from playground.stream import RunStream
 
 PERMISSION = "playground.use_playground"
 HISTORY_LENGTH = 20
-INPUT_PREFIX = "value"  # the input form's field names: value-f0, value-f1, …
+VERDICTS_REFUSED = 422
 NDJSON = "application/x-ndjson"
 
 
@@ -60,91 +79,16 @@ playground_required = user_passes_test(may_use_playground, login_url="admin:logi
 # --- Rendering helpers ---------------------------------------------------------------------------
 
 
-def _input_form(
-    run: AgentRun, data: Any | None = None
-) -> tuple[InputSpec | None, InputValuesForm | None, str]:
-    """The input turn's spec and form (``None`` form when the spec cannot be offered), or no
-    spec and the reason the stored turn cannot be read."""
-    pending = shown_turn(run, read_pending_turn(run))
-    if pending.kind != INPUT:
-        return None, None, pending.problem
-    spec, form = input_form_for(pending, data, prefix=INPUT_PREFIX)
-    return spec, form, ""
-
-
-def _pending_context(
-    run: AgentRun, reader: Any, input_form: InputValuesForm | None = None
-) -> dict[str, Any]:
-    """The run and, when it waits, its pending turn as ``agentruns.turns`` reads it (an
-    unreadable turn is shown as such, without controls, as in the inbox and the API) and, for
-    an approval, what ``reader`` may decide on it (``agentruns.authority``, as in the inbox)."""
-    context: dict[str, Any] = {
-        "run": run,
-        "timeline_url": trace.timeline_url(run),
-        "cancel": _cancel(run, reader),
-    }
-    if not waits_for_a_human(run):
-        return context
-    turn = shown_turn(run, read_pending_turn(run))
-    context["turn"] = turn
-    if turn.kind == APPROVAL:
-        context["calls"] = [
-            {
-                "index": index,
-                "id": c.id,
-                "name": c.name,
-                "effect": c.effect,
-                "is_write": c.is_write,
-                "args": pretty_arguments(c.arguments),
-                "preview": c.preview,
-                "origin": c.origin,
-            }
-            for index, c in display.writes_first(turn.calls)
-        ]
-        context["preview_is_snapshot"] = run.configuration.preview_is_snapshot
-        context["authority"] = approval_authority(
-            user=reader,
-            configuration=run.configuration,
-            pending=turn,
-            escalated_to=escalation_of(run),
-        )
-    elif turn.kind == INPUT and turn.call is not None:
-        context["input_call"] = {
-            "name": turn.call.name,
-            "origin": turn.call.origin,
-            "args": pretty_arguments(turn.call.arguments),
-            "question": turn.question,
-        }
-        spec: InputSpec | None
-        form: InputValuesForm | None
-        if input_form is not None:  # a posted form, re-shown with its errors
-            spec, form, problem = input_form.spec, input_form, ""
-        else:
-            spec, form, problem = _input_form(run)
-        context.update(input_spec=spec, input_form=form, input_problem=problem)
-    return context
-
-
-def _cancel(run: AgentRun, reader: Any) -> Authority | None:
-    """Whether ``reader`` may cancel ``run`` (the cancel service's rule); ``None``: it ended."""
-    if run.is_terminal:
-        return None
-    return cancel_authority(
-        reader,
-        initiator_id=run.initiator_id,
-        in_doubt=run.status == Status.WAITING_FOR_RECONCILIATION,
-    )
-
-
 def _outcome_html(
     request: HttpRequest,
     run: AgentRun,
     outcome: str = "",
     input_form: InputValuesForm | None = None,
+    verdicts: list[CallForm] | None = None,
 ) -> str:
     return render_to_string(
         "playground/_outcome.html",
-        {**_pending_context(run, request.user, input_form), "outcome": outcome},
+        {**pending_context(run, request.user, input_form, verdicts), "outcome": outcome},
         request=request,
     )
 
@@ -205,12 +149,28 @@ def _stream(request: HttpRequest, start: Callable[..., SegmentResult]) -> Stream
         }
 
     def error_line(exc: Exception) -> dict[str, Any]:
+        if isinstance(exc, VerdictsRefused):
+            with timezone.override(zone):
+                return _verdicts_line(request, exc)
         if isinstance(exc, LeaseholdError):
             return exc.as_dict()
         return {"code": "internal_error", "message": "the run could not be streamed"}
 
+    def heartbeat_line(lease: Lease, lease_expires: Any) -> dict[str, Any]:
+        with timezone.override(zone):
+            html = render_to_string(
+                "playground/_heartbeat.html", {"until": lease_expires, "epoch": lease.epoch}
+            )
+        return {"run": str(lease.uuid), "lease_expires": lease_expires, "html": html}
+
     response = StreamingHttpResponse(
-        RunStream(start, step_line=step_line, end_line=end_line, error_line=error_line),
+        RunStream(
+            start,
+            step_line=step_line,
+            end_line=end_line,
+            error_line=error_line,
+            heartbeat_line=heartbeat_line,
+        ),
         content_type=NDJSON,
     )
     response["X-Accel-Buffering"] = "no"
@@ -227,17 +187,15 @@ def _stream_refused(
     return JsonResponse(body, status=status or exc.status, content_type=NDJSON)
 
 
-def _bool(value: str | None) -> bool | None:
-    return {"1": True, "true": True, "0": False, "false": False}.get((value or "").lower())
-
-
 # --- Pages ---------------------------------------------------------------------------------------
 
 
 @require_GET
 @playground_required
 def index(request: HttpRequest) -> HttpResponse:
-    return _page(request, RunForm())
+    """The start form; ``?configuration=<slug>`` chooses a configuration in it."""
+    chosen = request.GET.get("configuration")
+    return _page(request, RunForm(initial={"configuration": chosen} if chosen else None))
 
 
 @require_POST
@@ -280,6 +238,7 @@ def _run_page(
     run: AgentRun,
     *,
     input_form: InputValuesForm | None = None,
+    verdicts: list[CallForm] | None = None,
     status: int = 200,
 ) -> HttpResponse:
     steps = trace.stored_steps(run, list(selectors.run_events(run=run)))
@@ -287,9 +246,9 @@ def _run_page(
         request,
         "playground/run.html",
         {
-            **_pending_context(run, request.user, input_form),
+            **pending_context(run, request.user, input_form),
             "steps": [trace.render_step(s) for s in steps],
-            "outcome_html": _outcome_html(request, run, input_form=input_form),
+            "outcome_html": _outcome_html(request, run, input_form=input_form, verdicts=verdicts),
         },
         status=status,
     )
@@ -305,25 +264,63 @@ def run_detail(request: HttpRequest, uuid: str) -> HttpResponse:
     return _run_page(request, run)
 
 
+class VerdictsRefused(Exception):
+    """The posted verdicts (or an edit the tool's schema refused) come back on the card."""
+
+    words = "Nothing was decided: a verdict needs correcting (each problem is said on its call)."
+
+    def __init__(self, run: AgentRun, forms: list[CallForm]) -> None:
+        super().__init__("verdicts refused")
+        self.run, self.forms = run, forms
+
+
 def _decide_start(request: HttpRequest, uuid: str) -> Callable[..., SegmentResult]:
-    approved = _bool(request.POST.get("approved"))
-    if approved is None:
-        raise InvalidRequest("approved must be 1 or 0", field="approved")
-    return functools.partial(
-        runs.run_decide,
-        run_uuid=uuid,
-        actor=request.user,
-        approved=approved,
-        turn_digest=request.POST.get("turn_digest") or None,
-        mode="inline",
+    """``run_decide`` for what the card posted: *Approve all*, *Deny all* (with the reasons
+    typed on its calls), or a verdict per call. ``VerdictsRefused`` when a form has a problem."""
+    decision = request.POST.get("decision") or {"1": APPROVE_ALL, "0": DENY_ALL}.get(
+        request.POST.get("approved") or "", ""
     )
+    if decision not in DECISIONS:
+        raise InvalidRequest("decision must be approve, deny or calls", field="decision")
+    run = selectors.run_get(run_uuid=uuid, user=request.user)
+    pending = shown_turn(run, read_pending_turn(run))
+    forms: list[CallForm] = []
+    if pending.kind == APPROVAL:
+        forms = turn_call_forms(
+            run=run,
+            pending=pending,
+            reader=Decider(request.user),
+            prefix=VERDICT_PREFIX,
+            data=request.POST,
+        )
+    arguments = (
+        decision_arguments(decision, forms) if forms else {"approved": decision == APPROVE_ALL}
+    )
+    if arguments is None:
+        raise VerdictsRefused(run, forms)
+
+    def start(**options: Any) -> SegmentResult:
+        try:
+            return runs.run_decide(
+                run_uuid=uuid,
+                actor=request.user,
+                turn_digest=request.POST.get("turn_digest") or None,
+                mode="inline",
+                **arguments,
+                **options,
+            )
+        except InvalidArguments as exc:
+            add_argument_errors(forms, call_id=str(exc.detail.get("call_id")), errors=exc.errors)
+            raise VerdictsRefused(run, forms) from exc
+
+    return start
 
 
 def _posted_input(request: HttpRequest, uuid: str) -> tuple[AgentRun, InputValuesForm | None]:
     """The run and its input form bound to the POST; no form when the run's pending turn is not
     a readable input turn (the service then says why it refuses)."""
     run = selectors.run_get(run_uuid=uuid, user=request.user)
-    spec, form, _ = _input_form(run, request.POST)
+    spec, form, _ = input_form_of(run, request.POST)
     if spec is not None and form is None:
         raise InvalidRequest("This input cannot be given here: " + " ".join(spec.blocking))
     return run, form
@@ -347,9 +344,21 @@ def _batch_continue(
 ) -> HttpResponse:
     try:
         build(request, uuid)()
+    except VerdictsRefused as exc:
+        return _run_page(request, exc.run, verdicts=exc.forms, status=VERDICTS_REFUSED)
     except LeaseholdError as exc:
         messages.error(request, exc.message)
-    return redirect("playground:run", uuid)
+    # Back on the run, the focus on where it stands now (``decided``: the page autofocuses it).
+    return HttpResponseRedirect(reverse("playground:run", args=[uuid]) + "?decided=1#outcome")
+
+
+def _verdicts_line(request: HttpRequest, exc: VerdictsRefused) -> dict[str, Any]:
+    """The card again, its problems said on each call (the page shows them once)."""
+    return {
+        "code": "verdicts_refused",
+        "message": VerdictsRefused.words,
+        "html": _outcome_html(request, exc.run, verdicts=exc.forms),
+    }
 
 
 def _stream_continue(
@@ -357,6 +366,9 @@ def _stream_continue(
 ) -> HttpResponse | StreamingHttpResponse:
     try:
         start = build(request, uuid)
+    except VerdictsRefused as exc:
+        line = {"event": "error", **_verdicts_line(request, exc)}
+        return JsonResponse(line, status=VERDICTS_REFUSED, content_type=NDJSON)
     except LeaseholdError as exc:
         return _stream_refused(exc)
     return _stream(request, start)
@@ -429,7 +441,7 @@ def cancel(request: HttpRequest, uuid: str) -> HttpResponse:
         raise Http404(exc.message) from exc
     if request.method == "GET":
         return render(
-            request, "playground/cancel.html", {"run": run, "cancel": _cancel(run, request.user)}
+            request, "playground/cancel.html", {"run": run, "cancel": cancel_for(run, request.user)}
         )
     try:
         cancelled = runs.run_cancel(

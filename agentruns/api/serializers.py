@@ -16,10 +16,15 @@ from agentruns.models import (
     ApprovalTimeoutAction,
     Status,
 )
-from agentruns.services import runs
+from agentruns.run_counts import run_counts
 from agentruns.tools.origin_lookup import tool_origin
 from agentruns.tools.shown import shown_turn
-from agentruns.turns import INPUT, RECONCILIATION, read_pending_turn, waits_for_a_human
+from agentruns.turns import (
+    INPUT,
+    RECONCILIATION,
+    read_pending_turn,
+    waits_for_a_human,
+)
 
 MODE_CHOICES = [("sync", "sync"), ("queued", "queued")]
 DECISION_MODE_CHOICES = [("inline", "inline"), ("queued", "queued")]
@@ -133,6 +138,12 @@ class ToolOriginSerializer(serializers.Serializer):
     )
 
 
+class CallEditSerializer(serializers.Serializer):
+    original_arguments = serializers.JSONField(help_text="The arguments the model proposed.")
+    editor = serializers.CharField(help_text="Who edited them (a username).")
+    editor_id = serializers.IntegerField(allow_null=True)
+
+
 class CallSerializer(serializers.Serializer):
     id = serializers.CharField()
     name = serializers.CharField()
@@ -151,6 +162,11 @@ class CallSerializer(serializers.Serializer):
         "preview or the preview failed (preview_failed names the exception class).",
     )
     preview_failed = serializers.CharField(allow_null=True)
+    edit = CallEditSerializer(
+        allow_null=True,
+        help_text="approval: a person edited the arguments (arguments are the edited ones); "
+        "null: as the model proposed them.",
+    )
 
 
 class CheckStatusSerializer(serializers.Serializer):
@@ -248,6 +264,7 @@ def pending_turn_view(run: AgentRun) -> dict[str, Any] | None:
                 "preview_failed": c.preview.failed
                 if c.preview is not None and c.preview.failed
                 else None,
+                "edit": c.edit.to_json() if c.edit is not None else None,
             }
             for c in pending.calls
         ],
@@ -279,6 +296,18 @@ def _deadline_view(run: AgentRun) -> dict[str, Any]:
     }
 
 
+class CountField(serializers.IntegerField):
+    """One of a run's counts so far (``agentruns.run_counts.RunCounts``), for every status: a
+    run that waits or was cancelled counts the rounds its events record."""
+
+    def __init__(self, counter: str, **kwargs: Any) -> None:
+        self.counter = counter
+        super().__init__(source="*", read_only=True, **kwargs)
+
+    def to_representation(self, value: Any) -> int:
+        return int(getattr(run_counts(value), self.counter))
+
+
 class RunSerializer(serializers.Serializer):
     """A run: every column of docs/design.md §1.2 except the raw state (``request``,
     ``loop_state``)."""
@@ -301,14 +330,15 @@ class RunSerializer(serializers.Serializer):
     # ``output_schema`` (``services.runtime.structured_output``); null otherwise.
     output_object = serializers.JSONField(allow_null=True)
     error = serializers.JSONField()
-    prompt_tokens = serializers.IntegerField()
-    completion_tokens = serializers.IntegerField()
-    total_tokens = serializers.IntegerField()
+    # Rounds and tokens so far, whatever the status (``agentruns.run_counts``).
+    prompt_tokens = CountField("prompt_tokens")
+    completion_tokens = CountField("completion_tokens")
+    total_tokens = CountField("total_tokens")
     # What the run's model calls cost so far, a decimal string in ``currency``
     # (AGENTRUNS["COST_CURRENCY"]); "0.000000" for an unpriced configuration.
     cost = serializers.DecimalField(max_digits=14, decimal_places=6, coerce_to_string=True)
     currency = serializers.SerializerMethodField()
-    iterations = serializers.IntegerField()
+    iterations = CountField("rounds")
     truncated = serializers.BooleanField()
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
@@ -415,45 +445,6 @@ class EventSerializer(serializers.ModelSerializer):
             "actor",
             "created_at",
         ]
-
-
-# --- Decisions -------------------------------------------------------------------------------
-
-
-class _DecisionBase(serializers.Serializer):
-    turn_digest = serializers.CharField(
-        required=False,
-        allow_null=True,
-        allow_blank=True,
-        default=None,
-        help_text="The digest of the pending turn you saw; missing or stale → 409.",
-    )
-    mode = serializers.ChoiceField(choices=DECISION_MODE_CHOICES, default="queued")
-
-
-class DecisionSerializer(_DecisionBase):
-    approved = serializers.BooleanField()
-
-
-@extend_schema_field({"type": "object", "additionalProperties": True})
-class JSONObjectField(serializers.JSONField):
-    """A JSON object (an input schema's values are always one): anything else is a 400."""
-
-    default_error_messages = {"not_an_object": "Expected a JSON object."}
-
-    def to_internal_value(self, data: Any) -> Any:
-        value = super().to_internal_value(data)
-        if not isinstance(value, dict):
-            self.fail("not_an_object")
-        return value
-
-
-class InputSerializer(_DecisionBase):
-    values = JSONObjectField(help_text="Values for the pending input schema (a JSON object).")
-
-
-class ReconciliationSerializer(_DecisionBase):
-    verdict = serializers.ChoiceField(choices=[(v, v) for v in runs.RECONCILIATION_VERDICTS])
 
 
 class CancelledSerializer(serializers.Serializer):

@@ -29,6 +29,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agentruns import audit, selectors
+from agentruns.api import decision_bodies as bodies
 from agentruns.api import serializers as s
 from agentruns.api.parsers import StrictJSONParser
 from agentruns.services import runs
@@ -169,18 +170,27 @@ class DecisionView(LeaseholdAPIView):
     post=extend_schema(
         operation_id="runs_decide",
         parameters=[UUID_PARAMETER],
-        request=s.DecisionSerializer,
-        responses=_DECISION_RESPONSES,
-        description="Approve or deny the pending turn. inline: 200 with the run after the "
-        "continuation; queued: 202. 409: stale or missing digest, already decided, not "
+        request=bodies.DecisionSerializer,
+        responses={**_DECISION_RESPONSES, 422: OpenApiResponse(s.InvalidInputSerializer)},
+        description="Decide the pending turn: the whole turn ({approved, reason?}: every open "
+        "call alike; a denial's reason reaches the model as the reviewer's words) or each call "
+        "({calls: [{id, verdict: approve|deny|answer|edit, reason?, answer?, arguments?}]}, "
+        "every open call named once). An edit runs nothing: the run waits on a new card for "
+        "the edited turn. inline: 200 with the run after the continuation; queued: 202. "
+        "400: malformed (invalid_request naming the field), calls_mismatch (a call missing, "
+        "named twice or not open), value_too_long (a reason over 2,000 or an answer over "
+        "20,000 characters). 422 invalid_arguments: an edit breaks the tool's schema (field "
+        "names the first field at fault). 409: stale or missing digest, already decided, not "
         "waiting, or unreadable_state (the stored turn does not match its digest: it can only "
-        "be cancelled). 403: not permitted (deciding needs agentruns.decide_agentrun; approving "
-        "also every call's approve_permission and the configuration's approver group — the "
-        "message names what is missing), or self-approval under four-eyes.",
+        "be cancelled). 403: not permitted (deciding needs agentruns.decide_agentrun; "
+        "approving, answering or editing a call also its approve_permission and the "
+        "configuration's approver group — the message names what is missing, call_ids which "
+        "calls), or self-approval under four-eyes (the run's initiator, or the person who "
+        "edited a call, may not approve it).",
     )
 )
 class RunDecisionView(DecisionView):
-    serializer = s.DecisionSerializer
+    serializer = bodies.DecisionSerializer
     service = staticmethod(runs.run_decide)
 
 
@@ -188,7 +198,7 @@ class RunDecisionView(DecisionView):
     post=extend_schema(
         operation_id="runs_input",
         parameters=[UUID_PARAMETER],
-        request=s.InputSerializer,
+        request=bodies.InputSerializer,
         responses={**_DECISION_RESPONSES, 422: OpenApiResponse(s.InvalidInputSerializer)},
         description="Supply the values a tool asked a human for; 422 when they do not match "
         "the pending input schema (nothing changes), with errors: [{path, message}] sorted by "
@@ -197,7 +207,7 @@ class RunDecisionView(DecisionView):
     )
 )
 class RunInputView(DecisionView):
-    serializer = s.InputSerializer
+    serializer = bodies.InputSerializer
     service = staticmethod(runs.run_submit_input)
 
 
@@ -205,7 +215,7 @@ class RunInputView(DecisionView):
     post=extend_schema(
         operation_id="runs_reconcile",
         parameters=[UUID_PARAMETER],
-        request=s.ReconciliationSerializer,
+        request=bodies.ReconciliationSerializer,
         responses=_DECISION_RESPONSES,
         description="Resolve an in-doubt write: landed, not_landed (the run continues) or "
         "abandon (settled failed / reconciled_abandoned). landed and not_landed need what "
@@ -214,7 +224,7 @@ class RunInputView(DecisionView):
     )
 )
 class RunReconciliationView(DecisionView):
-    serializer = s.ReconciliationSerializer
+    serializer = bodies.ReconciliationSerializer
     service = staticmethod(runs.run_reconcile)
 
 

@@ -14,6 +14,16 @@ and optionally ``"delay": seconds`` (sleep before answering or failing) and
 ``"usage": {"prompt_tokens": int, "completion_tokens": int}`` (``null``: report no usage at all,
 as an endpoint that sends none; counts not given are estimated).
 
+A turn may instead answer what happened to the previous turn's calls: ``{"branches": [turn,
+...]}``, each branch a turn as above with ``"when"``: a result kind or a list of them
+(``agentruns.tools.result_kinds``: ``ok``, ``error``, ``refused``, ``denied``, ``expired``,
+``answered``).
+The first branch whose ``when`` holds the previous result is played; a branch without ``when``
+holds any. The previous result is read from the tool messages after the last assistant message,
+as a model reads them: ``denied`` if any call was denied, else ``expired``, ``answered`` (a
+person gave its result in place of running it), ``refused``, ``error``, else ``ok`` (also when
+there is none). No branch holding it is ``script_invalid``.
+
 Stateless across processes: the turn played is the number of ``assistant`` messages already in
 ``messages``, so a run continued elsewhere plays the right turn. Tool call ids are
 ``call_<turn index>_<call index>``.
@@ -38,8 +48,21 @@ from typing import Any, ClassVar
 
 from agentruns.conf import app_settings
 from agentruns.providers.base import ErrorKind, ProviderError, ProviderReply, ToolCall
+from agentruns.tools.result_kinds import (
+    ANSWERED,
+    DENIED,
+    ERROR,
+    EXPIRED,
+    OK,
+    REFUSED,
+    RESULT_KINDS,
+    result_kind,
+)
 
 _TURN_KEYS = frozenset({"content", "tool_calls", "error", "times", "delay", "usage"})
+_BRANCH_KEYS = _TURN_KEYS | {"when"}
+# Which kind a turn of several calls came to: the first of these any of its calls has.
+_KIND_ORDER = (DENIED, EXPIRED, ANSWERED, REFUSED, ERROR)
 _CALL_KEYS = frozenset({"name", "arguments"})
 _ERROR_CLASSES = {"retryable": True, "fatal": False}
 
@@ -58,15 +81,40 @@ def _is_number(value: Any) -> bool:
 
 
 def _validate_turn(index: int, turn: Any) -> None:
-    """Raise ``script_invalid`` naming the first problem of ``turn``, checked in this order."""
+    """Raise ``script_invalid`` naming the first problem of ``turn`` (or of one of its
+    branches), checked in this order."""
     where = f"turn {index}"
+    if isinstance(turn, dict) and "branches" in turn:
+        _check_branches(where, turn)
+        return
+    _check_answer(where, turn, _TURN_KEYS)
+
+
+def _check_branches(where: str, turn: dict[str, Any]) -> None:
+    if set(turn) != {"branches"}:
+        raise _invalid(
+            f"{where}: 'branches' cannot be mixed with {sorted(set(turn) - {'branches'})}."
+        )
+    branches = turn["branches"]
+    if not isinstance(branches, list) or not branches:
+        raise _invalid(f"{where}: 'branches' must be a non-empty list of turns.")
+    for position, branch in enumerate(branches):
+        branch_where = f"{where}, branch {position}"
+        _check_answer(branch_where, branch, _BRANCH_KEYS)
+        kinds = branch.get("when", list(RESULT_KINDS))
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        if not isinstance(kinds, list) or not kinds or not set(kinds) <= set(RESULT_KINDS):
+            raise _invalid(
+                f"{branch_where}: 'when' must be one of {list(RESULT_KINDS)} or a list of them."
+            )
+
+
+def _check_answer(where: str, turn: Any, allowed: frozenset[str]) -> None:
     if not isinstance(turn, dict):
         raise _invalid(f"{where} must be an object, got {type(turn).__name__}.")
-    unknown = set(turn) - _TURN_KEYS
+    unknown = set(turn) - allowed
     if unknown:
-        raise _invalid(
-            f"{where} has unknown keys {sorted(unknown)}; allowed: {sorted(_TURN_KEYS)}."
-        )
+        raise _invalid(f"{where} has unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}.")
     _check_error(where, turn)
     if "content" in turn and not isinstance(turn["content"], str):
         raise _invalid(f"{where}: 'content' must be a string.")
@@ -145,6 +193,28 @@ def validate_script(script: Any) -> list[dict[str, Any]]:
 
 def _assistant_count(messages: list[dict[str, Any]]) -> int:
     return sum(1 for message in messages if message.get("role") == "assistant")
+
+
+def previous_result(messages: list[dict[str, Any]]) -> str:
+    """The kind the previous turn's calls came to (see the module docstring)."""
+    kinds = set()
+    for message in reversed(messages):
+        if message.get("role") != "tool":
+            break
+        kinds.add(result_kind(message.get("content")))
+    return next((kind for kind in _KIND_ORDER if kind in kinds), OK)
+
+
+def _branch(index: int, turn: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """``turn`` itself, or the branch of it that answers the previous result."""
+    if "branches" not in turn:
+        return turn
+    kind = previous_result(messages)
+    for branch in turn["branches"]:
+        when = branch.get("when", list(RESULT_KINDS))
+        if kind == when or (isinstance(when, list) and kind in when):
+            return {key: value for key, value in branch.items() if key != "when"}
+    raise _invalid(f"turn {index} has no branch for a previous result that is {kind!r}.")
 
 
 # ``json.dumps(value, sort_keys=True, default=str)``, the encoder built once, not per call.
@@ -261,7 +331,7 @@ class ScriptedProvider:
                 kind=ErrorKind.SCRIPT_EXHAUSTED,
                 retryable=False,
             )
-        turn = script[index]
+        turn = _branch(index, script[index], messages)
         attempt = self._attempt(run_uuid, index) if "error" in turn else 0
         if turn.get("delay"):
             time.sleep(float(turn["delay"]))

@@ -8,6 +8,7 @@ typed refusal before anything changed (docs/design.md §5, §9, §11.1).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
@@ -21,6 +22,7 @@ from agentruns.authority import (
     approval_authority,
     deciding_authority,
     escalation_of,
+    self_approval,
 )
 from agentruns.exceptions import (
     ApprovalExpired,
@@ -44,14 +46,27 @@ from agentruns.models import (
 )
 from agentruns.services import dispatch
 from agentruns.services._common import ClaimHook, User
+from agentruns.services.call_decisions import (
+    checked_reason,
+    checked_verdicts,
+    in_turn_order,
+    require_call_authority,
+    require_second_approver,
+    require_valid_edits,
+    verdicts_payload,
+)
 from agentruns.services.runtime.results import EventObserver, Outcome, SegmentResult
 from agentruns.services.runtime.segment import continue_segment
 from agentruns.tools import registry
+from agentruns.tools.gate import ToolGate
 from agentruns.tools.schemas import InvalidSchema, SchemaError, input_errors
 from agentruns.tools.shown import shown_turn
 from agentruns.transitions.deadlines import past_deadline
 from agentruns.turns import (
+    APPROVE,
+    EDIT,
     ApprovalDecision,
+    CallVerdict,
     InputDecision,
     PendingTurn,
     ReconciliationDecision,
@@ -92,16 +107,30 @@ def _not_expired(run: AgentRun) -> None:
         raise ApprovalExpired()
 
 
-def _runnable_with_tools(run: AgentRun) -> None:
-    _not_expired(run)
-    _require_runnable(run, tools=True)
-
-
 def runnable_without_tools(run: AgentRun) -> None:
     """A reconciliation verdict's check (under the row lock): refuse when the configuration was
     deactivated while the run waited (``UnreadableState``). Also used by a tool's automatic
     check (``agentruns.services.reconciliation``)."""
     _require_runnable(run, tools=False)
+
+
+def _four_eyes(actor: User, run: AgentRun) -> None:
+    """Refuse (``SelfApprovalRefused``) an approval of the whole turn by the run's initiator, or
+    by the person who edited one of its calls, when its configuration requires a second
+    approver (read with the locked row)."""
+    configuration = run.configuration
+    if not configuration.require_second_approver:
+        return
+    if any(
+        self_approval(
+            actor_id=actor.pk,
+            initiator_id=run.initiator_id,
+            configuration=configuration,
+            call=call,
+        )
+        for call in read_pending_turn(run).calls
+    ):
+        raise SelfApprovalRefused()
 
 
 def _require_authority(actor: User, run: AgentRun, configuration: AgentConfiguration) -> Authority:
@@ -154,73 +183,151 @@ def run_decide(
     *,
     run_uuid: UUID | str,
     actor: User,
-    approved: bool,
     turn_digest: str | None,
+    approved: bool | None = None,
+    verdicts: Sequence[CallVerdict] | None = None,
+    reason: str = "",
     mode: str = "queued",
     observer: EventObserver | None = None,
     on_claim: ClaimHook | None = None,
 ) -> SegmentResult:
-    """Approve or deny the pending turn of a run waiting for approval.
+    """Decide the pending turn of a run waiting for approval: the whole turn (``approved``:
+    every open call alike; a denial may carry the person's ``reason``) or each call
+    (``verdicts``: every open call named once — approve, deny with an optional reason, answer
+    in place of running it, or edit its arguments). Exactly one of the two.
 
-    Refusals (nothing changes): ``NotPermitted`` (no ``decide_agentrun``; approving, also the
-    authority of ``agentruns.authority.approval_authority``, checked under the row lock),
-    ``RunNotFound``, ``StaleTurn`` (missing or stale digest), ``AlreadyDecided``, ``NotWaiting``,
-    ``SelfApprovalRefused`` (four-eyes: the initiator may deny but not approve),
+    A decision holding an edit runs nothing: the denials and answers in it take effect, and the
+    edited calls, with those approved beside them, wait on a new card (fresh digest, fresh
+    previews) that someone approves as usual.
+
+    Refusals (nothing changes): ``InvalidRequest``, ``ValueTooLong`` and ``CallsMismatch`` (the
+    verdicts' shape; ``services.call_decisions``), ``NotPermitted`` (no ``decide_agentrun``;
+    approving, answering or editing a call also needs its approve authority,
+    ``agentruns.authority``, checked under the row lock; ``call_ids`` names the calls),
+    ``InvalidArguments`` (an edit breaks the tool's schema), ``RunNotFound``, ``StaleTurn``
+    (missing or stale digest), ``AlreadyDecided``, ``NotWaiting``, ``SelfApprovalRefused``
+    (four-eyes: the initiator, or the person who edited a call, may not approve it),
     ``ApprovalExpired`` (its approval deadline passed: the reaper settles it). The approval
-    event records the authority checked. Inline mode continues under a ``resume:`` claim in this
-    process; queued mode hands the continuation to a worker.
+    event records every call's verdict and the authority checked. Inline mode continues under a
+    ``resume:`` claim in this process; queued mode hands the continuation to a worker.
     """
     _require_decider(actor)
     identity = _mode_identity(mode)
+    if (approved is None) == (verdicts is None):
+        raise InvalidRequest("decide the whole turn or each call, not both", field="verdicts")
+    if verdicts is not None:
+        if reason:
+            raise InvalidRequest("a per-call decision gives each denial its reason", field="reason")
+        decided = _decide_per_call(
+            run_uuid, actor, turn_digest, checked_verdicts(verdicts), mode, identity
+        )
+        return hand_on(decided, observer, on_claim)
     if not isinstance(approved, bool):
         raise InvalidRequest("approved must be true or false", field="approved")
+    if reason and approved:
+        raise InvalidRequest("a reason goes with a denial", field="reason")
+    reason = checked_reason(reason, field="reason")
 
-    def four_eyes(run: AgentRun) -> None:
-        if (
-            approved
-            and run.initiator_id is not None
-            and run.initiator_id == actor.pk
-            and run.configuration.require_second_approver  # read with the locked row
-        ):
-            raise SelfApprovalRefused()
-
-    checked: list[Authority] = []
-
-    def authority_then_four_eyes(run: AgentRun) -> None:
+    with transitions.locked_waiting_run(
+        run_uuid, expected_status=Status.WAITING_FOR_APPROVAL, turn_digest=turn_digest
+    ) as run:
         _not_expired(run)
         configuration = _require_runnable(run, tools=approved)
-        checked.append(
-            _require_authority(actor, run, configuration) if approved else deciding_authority(actor)
+        if approved:
+            authority = _require_authority(actor, run, configuration)
+            _four_eyes(actor, run)
+        else:
+            authority = deciding_authority(actor)
+        decided = transitions.record_decision(
+            run,
+            expected_status=Status.WAITING_FOR_APPROVAL,
+            turn_digest=turn_digest,
+            decision=ApprovalDecision(
+                approved=approved,
+                decider_id=actor.pk,
+                turn_digest=turn_digest or "",
+                # A denial's words for the model: who denied, and why.
+                decider="" if approved else actor.get_username(),
+                reason=reason,
+            ),
+            # Built under the row lock, from the turn the digest was checked against.
+            event=EventSpec(
+                EventKind.APPROVAL,
+                {
+                    "approved": approved,
+                    "turn_digest": turn_digest,
+                    "mode": mode,
+                    "decider": actor.get_username(),
+                    "calls": [{"id": c.id, "name": c.name} for c in read_pending_turn(run).calls],
+                    "authority": authority.as_payload(),
+                    **({"reason": reason} if reason else {}),
+                },
+                actor_id=actor.pk,
+            ),
+            identity=identity,
         )
-        four_eyes(run)
-
-    def approval_event(run: AgentRun) -> EventSpec:
-        # Built under the row lock, from the turn the digest was checked against.
-        return EventSpec(
-            EventKind.APPROVAL,
-            {
-                "approved": approved,
-                "turn_digest": turn_digest,
-                "mode": mode,
-                "decider": actor.get_username(),
-                "calls": [{"id": c.id, "name": c.name} for c in read_pending_turn(run).calls],
-                "authority": checked[-1].as_payload(),
-            },
-            actor_id=actor.pk,
-        )
-
-    decided = transitions.run_decide(
-        run_uuid=run_uuid,
-        expected_status=Status.WAITING_FOR_APPROVAL,
-        turn_digest=turn_digest,
-        decision=ApprovalDecision(
-            approved=approved, decider_id=actor.pk, turn_digest=turn_digest or ""
-        ),
-        event=approval_event,
-        identity=identity,
-        check=authority_then_four_eyes,  # called before ``approval_event``
-    )
     return hand_on(decided, observer, on_claim)
+
+
+def _decide_per_call(
+    run_uuid: UUID | str,
+    actor: User,
+    turn_digest: str | None,
+    verdicts: tuple[CallVerdict, ...],
+    mode: str,
+    identity: str | None,
+) -> Decided:
+    """``run_decide`` per call: lock, check in order, record (``services.call_decisions``)."""
+    with transitions.locked_waiting_run(
+        run_uuid, expected_status=Status.WAITING_FOR_APPROVAL, turn_digest=turn_digest
+    ) as run:
+        _not_expired(run)
+        calls = read_pending_turn(run).calls
+        verdicts = in_turn_order(verdicts, calls)
+        runs_tools = any(v.verdict in (APPROVE, EDIT) for v in verdicts)
+        configuration = _require_runnable(run, tools=runs_tools)
+        require_valid_edits(run, verdicts, calls)
+        authority = require_call_authority(actor, run, configuration, verdicts, calls)
+        require_second_approver(actor, run, verdicts, calls)
+        approved = any(v.verdict == APPROVE for v in verdicts)
+        edited = any(v.verdict == EDIT for v in verdicts)
+        return transitions.record_decision(
+            run,
+            expected_status=Status.WAITING_FOR_APPROVAL,
+            turn_digest=turn_digest,
+            decision=ApprovalDecision(
+                approved=approved,
+                decider_id=actor.pk,
+                turn_digest=turn_digest or "",
+                verdicts=verdicts,
+                decider=actor.get_username(),
+            ),
+            event=EventSpec(
+                EventKind.APPROVAL,
+                {
+                    "approved": approved,
+                    "per_call": True,
+                    "turn_digest": turn_digest,
+                    "mode": mode,
+                    "decider": actor.get_username(),
+                    "calls": verdicts_payload(verdicts, calls),
+                    "authority": authority.as_payload(),
+                    **({"editor": actor.get_username()} if edited else {}),
+                },
+                actor_id=actor.pk,
+            ),
+            identity=identity,
+        )
+
+
+def edit_schema(*, run: AgentRun, call_id: str) -> dict[str, Any] | None:
+    """The JSON schema an edit of the call ``call_id`` of ``run``'s pending turn must meet (its
+    tool's ``parameters``, as the run's gate resolves the tool now); ``None`` when the run has
+    no such call or its tool is not available to the run (offer no edit)."""
+    pending = read_pending_turn(run)
+    call = next((c for c in pending.calls if c.id == call_id), None)
+    tool = ToolGate.of(run).available(call.name) if call is not None else None
+    return dict(tool.parameters) if tool is not None else None
 
 
 def _pending(run_uuid: UUID | str, *, waiting_in: str) -> PendingTurn | None:
@@ -290,28 +397,32 @@ def run_submit_input(
         raise InvalidInput(errors=errors)
     call = pending.call
     assert call is not None  # an input turn has its call
-    decided = transitions.run_decide(
-        run_uuid=run_uuid,
-        expected_status=Status.WAITING_FOR_INPUT,
-        turn_digest=turn_digest,
-        decision=InputDecision(
-            call_id=call.id, values=values, decider_id=actor.pk, turn_digest=turn_digest
-        ),
-        event=EventSpec(
-            EventKind.INPUT,
-            {
-                "call_id": call.id,
-                "name": call.name,
-                "values": values,
-                "turn_digest": turn_digest,
-                "mode": mode,
-                "decider": actor.get_username(),
-            },
-            actor_id=actor.pk,
-        ),
-        identity=identity,
-        check=_runnable_with_tools,
-    )
+    with transitions.locked_waiting_run(
+        run_uuid, expected_status=Status.WAITING_FOR_INPUT, turn_digest=turn_digest
+    ) as run:
+        _not_expired(run)
+        _require_runnable(run, tools=True)
+        decided = transitions.record_decision(
+            run,
+            expected_status=Status.WAITING_FOR_INPUT,
+            turn_digest=turn_digest,
+            decision=InputDecision(
+                call_id=call.id, values=values, decider_id=actor.pk, turn_digest=turn_digest
+            ),
+            event=EventSpec(
+                EventKind.INPUT,
+                {
+                    "call_id": call.id,
+                    "name": call.name,
+                    "values": values,
+                    "turn_digest": turn_digest,
+                    "mode": mode,
+                    "decider": actor.get_username(),
+                },
+                actor_id=actor.pk,
+            ),
+            identity=identity,
+        )
     return hand_on(decided, observer, on_claim)
 
 
@@ -355,21 +466,21 @@ def run_reconcile(
             actor_id=actor.pk,
         )
 
-    if verdict == "abandon":
-        run = transitions.run_reconcile_abandon(
-            run_uuid=run_uuid, turn_digest=turn_digest, event=event(deciding_authority(actor))
+    with transitions.locked_waiting_run(
+        run_uuid, expected_status=Status.WAITING_FOR_RECONCILIATION, turn_digest=turn_digest
+    ) as run:
+        if verdict == "abandon":
+            abandoned = transitions.record_abandon(
+                run, turn_digest=turn_digest, event=event(deciding_authority(actor))
+            )
+            return SegmentResult(Outcome.FAILED, abandoned)
+        authority = _require_authority(actor, run, _require_runnable(run, tools=False))
+        decided = transitions.record_decision(
+            run,
+            expected_status=Status.WAITING_FOR_RECONCILIATION,
+            turn_digest=turn_digest,
+            decision=ReconciliationDecision(verdict=verdict, call=call, decider_id=actor.pk),
+            event=event(authority),
+            identity=identity,
         )
-        return SegmentResult(Outcome.FAILED, run)
-    checked: list[Authority] = []
-    decided = transitions.run_decide(
-        run_uuid=run_uuid,
-        expected_status=Status.WAITING_FOR_RECONCILIATION,
-        turn_digest=turn_digest,
-        decision=ReconciliationDecision(verdict=verdict, call=call, decider_id=actor.pk),
-        event=lambda run: event(checked[-1]),
-        identity=identity,
-        check=lambda run: checked.append(  # before ``event``
-            _require_authority(actor, run, _require_runnable(run, tools=False))
-        ),
-    )
     return hand_on(decided, observer, on_claim)

@@ -30,14 +30,16 @@ CHECK_TASK = "agentruns.tasks.check_in_doubt"
 
 class _HeldTasks:
     """Stands in for django-q2's ORM broker inside ``batched_wakeups``: ``enqueue`` keeps the
-    signed task instead of inserting its row."""
+    signed task instead of inserting its row, and answers what django-q2 logs as the task's id
+    ("Enqueued [leasehold] held 1 of this batch's wake-ups"), the row having none yet."""
 
     def __init__(self, list_key: str) -> None:
         self.list_key = list_key
         self.packages: list[str] = []
 
-    def enqueue(self, package: str) -> None:
+    def enqueue(self, package: str) -> str:
         self.packages.append(package)
+        return f"held {len(self.packages)} of this batch's wake-ups"
 
 
 _held: ContextVar[_HeldTasks | None] = ContextVar("agentruns_held_wakeups", default=None)

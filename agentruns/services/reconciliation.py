@@ -4,12 +4,13 @@ call whose outcome is unknown landed, and its verdict applied like a person's.
 A run parked in ``waiting_for_reconciliation`` (by the reaper after a dead segment, or by the
 segment after ``OutcomeUnknown``) whose call's tool declares a check gets a django-q2 task
 (``agentruns.tasks.check_in_doubt``). It runs the check with the tool timeout, read-only and
-without a lease. *Landed* / *not landed* go through ``transitions.run_decide`` exactly as a
-person's verdict (status and digest re-checked under the row lock; queued for a worker), recorded
-as a ``reconciliation`` event with ``by: "check"`` and the check's evidence. *Unknown*, an error
-or a timeout is recorded on the card (``pending_turn["check"]``) and as a ``check`` event, and
-retried with backoff until ``RECONCILE_CHECKS`` checks were made; then a person decides. A
-person may decide at any time: whoever is first wins, once.
+without a lease. *Landed* / *not landed* are recorded exactly as a person's verdict
+(``transitions.locked_waiting_run`` then ``record_decision``: status and digest re-checked under
+the row lock; queued for a worker), as a ``reconciliation`` event with ``by: "check"`` and the
+check's evidence. *Unknown*, an error or a timeout is recorded on the card
+(``pending_turn["check"]``) and as a ``check`` event, and retried with backoff until
+``RECONCILE_CHECKS`` checks were made; then a person decides. A person may decide at any time:
+whoever is first wins, once.
 
 Never writes through the tool: the check runs in a read-only transaction (PostgreSQL) or with
 ``query_only`` on (SQLite); a write fails the check (an error).
@@ -177,21 +178,24 @@ def _abandoned(check: CheckStatus, now: datetime) -> bool:
 
 
 def _start(run_uuid: UUID | str, attempt: int) -> PendingTurn | None:
-    """Mark ``attempt`` as running (a compare-and-set: only the attempt due starts, or the same
-    attempt again when the worker running it died long ago)."""
+    """Mark ``attempt`` as running (a compare-and-set under the row lock: only the attempt due
+    starts, or the same attempt again when the worker running it died long ago)."""
     now = timezone.now()
-
-    def change(pending: PendingTurn) -> CheckStatus | None:
-        check = pending.check
-        if check is None or attempt > check.limit:
+    with transitions.locked_check_turn(run_uuid) as locked:
+        if locked is None:
             return None
-        due = check.state in (SCHEDULED, RETRYING) and check.attempts == attempt - 1
-        died = check.state == CHECKING and check.attempts == attempt and _abandoned(check, now)
-        if not (due or died):
-            return None
-        return check.started(attempt=attempt, at=now)
+        run, pending = locked
+        started = _started(pending.check, attempt=attempt, now=now)
+        return transitions.record_check(run, started) if started is not None else None
 
-    return transitions.run_note_check(run_uuid=run_uuid, change=change)
+
+def _started(check: CheckStatus | None, *, attempt: int, now: datetime) -> CheckStatus | None:
+    """The check status with ``attempt`` started, or ``None`` when it is not due."""
+    if check is None or attempt > check.limit:
+        return None
+    due = check.state in (SCHEDULED, RETRYING) and check.attempts == attempt - 1
+    died = check.state == CHECKING and check.attempts == attempt and _abandoned(check, now)
+    return check.started(attempt=attempt, at=now) if due or died else None
 
 
 def _note(
@@ -210,12 +214,6 @@ def _note(
     next_at = now + timedelta(seconds=delay) if retry else None
     call = pending.call
 
-    def change(current: PendingTurn) -> CheckStatus | None:
-        check = current.check
-        if check is None or check.attempts != attempt:
-            return None
-        return check.answered(answer=answer, evidence=evidence, at=now, next_at=next_at)
-
     event = EventSpec(
         EventKind.CHECK,
         {
@@ -230,14 +228,14 @@ def _note(
             **({"normalised": list(normalised)} if normalised else {}),
         },
     )
-    with transaction.atomic():
-        written = transitions.run_note_check(
-            run_uuid=run.uuid, change=change, turn_digest=pending.turn_digest, events=[event]
-        )
-        if written is not None and next_at is not None:
+    with transitions.locked_check_turn(run.uuid, turn_digest=pending.turn_digest) as locked:
+        check = locked[1].check if locked is not None else None
+        if locked is None or check is None or check.attempts != attempt:
+            return DECIDED_ELSEWHERE  # a person decided first, or another attempt runs
+        answered = check.answered(answer=answer, evidence=evidence, at=now, next_at=next_at)
+        transitions.record_check(locked[0], answered, [event])
+        if next_at is not None:
             dispatch.check_after_commit(str(run.uuid), attempt=attempt + 1, delay_seconds=delay)
-    if written is None:
-        return DECIDED_ELSEWHERE
     return f"{answer}: " + ("retrying" if next_at is not None else "left to a person")
 
 
@@ -271,17 +269,20 @@ def _decide(
             **({"normalised": list(normalised)} if normalised else {}),
         },
     )
-    decided = transitions.run_decide(
-        run_uuid=run.uuid,
-        expected_status=Status.WAITING_FOR_RECONCILIATION,
-        turn_digest=digest,
-        decision=ReconciliationDecision(
-            verdict=verdict, call=call, decider_id=None, by="check", result=landed_result
-        ),
-        event=event,
-        identity=None,
-        check=decisions.runnable_without_tools,
-    )
+    with transitions.locked_waiting_run(
+        run.uuid, expected_status=Status.WAITING_FOR_RECONCILIATION, turn_digest=digest
+    ) as locked:
+        decisions.runnable_without_tools(locked)
+        decided = transitions.record_decision(
+            locked,
+            expected_status=Status.WAITING_FOR_RECONCILIATION,
+            turn_digest=digest,
+            decision=ReconciliationDecision(
+                verdict=verdict, call=call, decider_id=None, by="check", result=landed_result
+            ),
+            event=event,
+            identity=None,
+        )
     decisions.hand_on(decided)
     return verdict
 

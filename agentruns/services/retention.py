@@ -13,7 +13,6 @@ itself. Two purges at once are safe: the second to reach a batch deletes nothing
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,8 +22,6 @@ from django.db.models import DateTimeField, ExpressionWrapper, QuerySet, Value
 from django.db.models.functions import Now
 
 from agentruns.models import TERMINAL_STATUSES, AgentRun, AgentRunEvent
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 1000
 
@@ -106,5 +103,4 @@ def runs_purge(
         result.batches += 1
         if on_batch is not None:
             on_batch(runs, events)
-    logger.info("purge: %s", result.summary())
     return result

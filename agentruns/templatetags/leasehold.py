@@ -14,12 +14,16 @@ from typing import Any
 from django import template
 from django.utils import timezone
 from django.utils.dateformat import format as date_format
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince, timeuntil
 
-from agentruns import display
+from agentruns import decided_calls, display
+from agentruns.jsonview import pretty_json
+from agentruns.permission_words import authority_permissions
+from agentruns.run_counts import run_counts
 
 register = template.Library()
+register.filter("pretty_json", pretty_json)  # the one JSON printer, for a value a person chose
 
 register.filter("status_label", display.status_label)
 register.filter("reason_label", display.reason_label)
@@ -30,6 +34,10 @@ register.filter("writes_first", display.writes_first)
 register.filter("round_number", display.round_number)
 register.filter("money", display.money)
 register.filter("budget_text", display.budget_text)
+# ``{% with counts=run|run_counts %}``: rounds and tokens so far, for every status.
+register.filter("run_counts", run_counts)
+register.filter("decided_call", decided_calls.decided_call)
+register.filter("approval_verdicts", decided_calls.approval_verdicts)
 
 _TABLES = {
     "lease_action": display.LEASE_ACTIONS,
@@ -90,6 +98,20 @@ def when(value: Any, precise: bool = True) -> str:
     return format_html('<time datetime="{}" title="{}">{}</time>', exact, exact, shown)
 
 
+@register.simple_tag
+def age(value: Any) -> str:
+    """ "3 minutes ago" (``ago``), the time in the page's zone on hover (``when``'s text)."""
+    if not isinstance(value, datetime):
+        return "—"
+    local = _local(value)
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>',
+        local.isoformat(timespec="microseconds"),
+        date_format(local, "Y-m-d H:i:s T"),
+        ago(value),
+    )
+
+
 @register.filter
 def ago(value: Any) -> str:
     """ "3 minutes ago" (a time in the future, from a skewed clock, reads "just now")."""
@@ -121,3 +143,16 @@ def expires_in(value: Any) -> str:
 def time_zone_name() -> str:
     """The zone the page's times are shown in."""
     return str(timezone.get_current_timezone_name())
+
+
+@register.simple_tag
+def permissions_in_words(authority: Any) -> str:
+    """Under a refusal: each permission the ``Authority`` lacks, by its name and the groups
+    holding it (``agentruns.permission_words``); nothing when it lacks none."""
+    sentences = [words.sentence() for words in authority_permissions(authority)]
+    if not sentences:
+        return ""
+    return format_html(
+        '<ul class="lh-permissions">{}</ul>',
+        format_html_join("", "<li>{}</li>", ((sentence,) for sentence in sentences)),
+    )

@@ -109,4 +109,5 @@ class ToolGate:
             detailed=True,
             preview=call.preview,
             origin=tool_origin(call.name),
+            edit=call.edit,
         )

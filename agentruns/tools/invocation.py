@@ -20,9 +20,11 @@ from agentruns.tools.registry import (
     RemoteToolError,
     Tool,
     ToolContext,
+    ToolRefused,
     one_line,
     truncated,
 )
+from agentruns.tools.result_kinds import REFUSED_PREFIX
 from agentruns.tools.schemas import InvalidSchema, SchemaError, input_errors, schema_errors
 
 logger = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ MAX_RESULT_DEPTH = 64
 class ToolResult:
     """The outcome of one call. ``ok`` False means the body failed or never ran (``error``).
     ``in_doubt``: the tool could not tell whether its effect happened (``OutcomeUnknown``).
+    ``refused``: the tool refused the call before doing anything (``ToolRefused``).
     ``normalised``: what was changed so that it could be stored (``storable.mend_json``'s kinds:
     ``text``, ``number``, ``depth``, ``size``); the ``tool`` event records it."""
 
@@ -47,6 +50,7 @@ class ToolResult:
     error: str = ""
     in_doubt: bool = False
     normalised: tuple[str, ...] = ()
+    refused: bool = False
 
     @classmethod
     def success(cls, content: Any) -> ToolResult:
@@ -64,6 +68,15 @@ class ToolResult:
             error=mended,
             in_doubt=in_doubt,
             normalised=(TEXT,) if mended is not cut else (),
+        )
+
+    @classmethod
+    def refusal(cls, reason: str) -> ToolResult:
+        """A call its tool refused before doing anything: the error is ``REFUSED_PREFIX`` and
+        ``reason`` (made storable as ``failure`` makes it)."""
+        failed = cls.failure(REFUSED_PREFIX + reason)
+        return cls(
+            ok=False, content=None, error=failed.error, normalised=failed.normalised, refused=True
         )
 
     def as_message_content(self) -> str:
@@ -114,7 +127,8 @@ def invoke_tool(
 
     Never raises for the tool's sake (only ``BaseException``s such as ``KeyboardInterrupt``
     pass): refused arguments mean the body never runs; an exception in the body becomes
-    ``"<ExceptionType>: <message>"`` (logged with its traceback). What it returned is made
+    ``"<ExceptionType>: <message>"`` (logged with its traceback; a ``ToolRefused`` is a
+    ``refusal``, logged as a one-line warning). What it returned is made
     storable by ``stored_result`` — mended and marked, or an error result when it is not JSON
     at all — so what is stored equals what the model sees. The body gets a deep copy of the
     arguments. No lease or fence is checked here. ``checked``: the caller has just had
@@ -126,6 +140,14 @@ def invoke_tool(
         return ToolResult.failure(refused)
     try:
         returned = tool.func(context, copy.deepcopy(dict(arguments)))
+    except ToolRefused as exc:
+        logger.warning(
+            "tool %r refused the call (call %s), nothing was done: %s",
+            tool.name,
+            context.call_id,
+            one_line(_message(exc)),
+        )
+        return ToolResult.refusal(_message(exc))
     except OutcomeUnknown as exc:
         logger.warning(
             "tool %r: outcome unknown (call %s): %s",

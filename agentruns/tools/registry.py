@@ -59,6 +59,13 @@ class RemoteToolError(Exception):
     is logged as a one-line warning (a traceback is for Leasehold's own bugs)."""
 
 
+class ToolRefused(Exception):
+    """Raised by a tool that refuses a call before doing anything: nothing was sent, nothing
+    changed (an address the webhook allowlist refuses). The model reads ``refused, nothing was
+    done: <message>``, the timeline *refused — not sent*; it is logged as a one-line warning
+    (an expected refusal, not a failure). A failure after the tool began is not this."""
+
+
 class ToolDefinitionError(ImproperlyConfigured):
     """A tool definition was refused at registration (bad name, schema, effect or a clash)."""
 

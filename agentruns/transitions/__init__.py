@@ -32,6 +32,9 @@ from agentruns.transitions.deadlines import (
     run_expire_waiting,
 )
 from agentruns.transitions.deciding import (
+    locked_waiting_run,
+    record_abandon,
+    record_decision,
     run_decide,
     run_reconcile_abandon,
 )
@@ -40,7 +43,7 @@ from agentruns.transitions.endings import (
     run_cancel,
     run_settle,
 )
-from agentruns.transitions.in_doubt import run_note_check
+from agentruns.transitions.in_doubt import locked_check_turn, record_check
 from agentruns.transitions.reaper import (
     run_mark_in_doubt,
     run_mark_redispatched,
@@ -65,6 +68,11 @@ from agentruns.transitions.segment_writes import (
 
 __all__ = [
     "birth_event",
+    "locked_check_turn",
+    "locked_waiting_run",
+    "record_abandon",
+    "record_check",
+    "record_decision",
     "run_abandon",
     "run_cancel",
     "run_claim_queued_row",
@@ -76,7 +84,6 @@ __all__ = [
     "run_heartbeat",
     "run_mark_in_doubt",
     "run_mark_redispatched",
-    "run_note_check",
     "run_notice_cancel",
     "run_park_in_doubt",
     "run_reclaim_stale",

@@ -1,19 +1,24 @@
-"""Decisions: read, check and claim under the row lock, in one transaction."""
+"""Decisions: lock the waiting run, let the caller check it, record the decision — in one
+transaction, in that order (``locked_waiting_run``, then ``record_decision`` or
+``record_abandon``). The checks are the caller's plain code between the two: nothing here calls
+back up."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from agentruns.exceptions import (
     AlreadyDecided,
     NotWaiting,
     RunNotFound,
     StaleTurn,
+    StateWriteFailed,
     UnreadableState,
 )
 from agentruns.leases import Decided, EventSpec, Lease
@@ -23,7 +28,7 @@ from agentruns.models import (
 )
 from agentruns.tools.gate import ToolGate
 from agentruns.tools.shown import executing_digest, shown_turn
-from agentruns.transitions._writer import lease_seconds, locked_write, show, state_write
+from agentruns.transitions._writer import lease_seconds, locked_write, show
 from agentruns.turns import (
     Decision,
     decided_digests,
@@ -77,85 +82,126 @@ def _check_turn(run: AgentRun, *, expected_status: str, turn_digest: str | None)
     raise StaleTurn()
 
 
-@state_write
+@contextmanager
+def locked_waiting_run(
+    run_uuid: UUID | str, *, expected_status: str, turn_digest: str | None
+) -> Iterator[AgentRun]:
+    """Open a decision's transaction: lock the run (``SELECT … FOR UPDATE``, its configuration
+    and approver group read with it) and refuse unless it waits in ``expected_status`` on the
+    turn ``turn_digest`` (``_check_turn``). The caller checks what else the decision needs
+    against the yielded row, then records it with ``record_decision`` or ``record_abandon`` —
+    all before the block ends, under the lock. Anything raised in the block rolls it back:
+    nothing changes. A database error becomes ``StateWriteFailed``.
+
+    Raises ``RunNotFound``, ``StaleTurn``, ``AlreadyDecided``, ``NotWaiting`` or
+    ``UnreadableState`` before yielding."""
+    try:
+        with transaction.atomic():
+            run = _lock_run(run_uuid)
+            _check_turn(run, expected_status=expected_status, turn_digest=turn_digest)
+            yield run
+    except DatabaseError as exc:
+        raise StateWriteFailed(
+            f"a decision: the database refused the write ({type(exc).__name__})",
+            transition="record_decision",
+        ) from exc
+
+
+def _under_lock(run: AgentRun) -> None:
+    if not transaction.get_connection().in_atomic_block:  # pragma: no cover - a caller's bug
+        raise RuntimeError(f"run {run.uuid}: a decision is recorded under locked_waiting_run")
+
+
+def record_decision(
+    run: AgentRun,
+    *,
+    expected_status: str,
+    turn_digest: str | None,
+    decision: Decision,
+    event: EventSpec,
+    identity: str | None,
+) -> Decided:
+    """Record a human decision on ``run`` — locked and checked by ``locked_waiting_run``, whose
+    block this must be called in — and hand it on.
+
+    With ``identity`` the run continues inline: ``running``, claimed by ``identity`` (a
+    ``resume:`` segment), epoch + 1. Without, it is ``queued`` for a worker. The wait's
+    ``approval_deadline`` and ``approval_timeout_action`` are cleared by the same ``UPDATE``.
+    ``decision`` is recorded in the loop state (``turns.with_decision``) and ``event`` is
+    appended in the same transaction: audited if and only if it took effect.
+
+    The returned run is not read back: it shows the row as the write returned it (the statement
+    ``decide_queue`` or ``decide_resume``).
+    """
+    _under_lock(run)
+    state = with_decision(run.loop_state, decision=decision, turn_digest=turn_digest)
+    params: dict[str, Any] = {"status": expected_status, "loop_state": state}
+    lease = None
+    signer = ("", run.lease_epoch)
+    if identity:
+        lease = Lease(run.pk, run.uuid, identity, run.lease_epoch + 1, next_sequence=0)
+        params.update(owner=identity, epoch=lease.epoch, lease_seconds=lease_seconds())
+        signer = (lease.owner, lease.epoch)
+    row = locked_write(
+        run,
+        "decide_resume" if identity else "decide_queue",
+        params,
+        [event],
+        signer=signer,
+        lease=lease,
+    )
+    if row is None:  # pragma: no cover - impossible under the row lock
+        raise NotWaiting()
+    show(run, row)
+    return Decided(run=run, lease=lease, event=event)
+
+
+def record_abandon(run: AgentRun, *, turn_digest: str | None, event: EventSpec) -> AgentRun:
+    """Settle the in-doubt ``run`` — locked and checked by ``locked_waiting_run`` (status
+    ``waiting_for_reconciliation``), whose block this must be called in — ``failed`` /
+    ``reconciled_abandoned``, appending ``event`` (the statement ``reconcile_abandon``). Returns
+    the row as the write returned it."""
+    _under_lock(run)
+    state = with_decision(run.loop_state, decision=None, turn_digest=turn_digest)
+    row = locked_write(
+        run, "reconcile_abandon", {"loop_state": state}, [event], signer=("", run.lease_epoch)
+    )
+    if row is None:  # pragma: no cover - impossible under the row lock
+        raise NotWaiting()
+    show(run, row)
+    return run
+
+
 def run_decide(
     *,
     run_uuid: UUID | str,
     expected_status: str,
     turn_digest: str | None,
     decision: Decision,
-    event: EventSpec | Callable[[AgentRun], EventSpec],
-    identity: str | None,
-    check: Callable[[AgentRun], None] | None = None,
-) -> Decided:
-    """Record a human decision on a waiting run and hand it on, in one locked transaction.
-
-    Guard (under the row lock): ``status == expected_status`` and the pending turn's digest equals
-    ``turn_digest``; then ``check(run)`` (e.g. four-eyes) may refuse. With ``identity`` the run
-    continues inline: ``running``, claimed by ``identity`` (a ``resume:`` segment), epoch + 1.
-    Without, it is ``queued`` for a worker. The wait's ``approval_deadline`` and
-    ``approval_timeout_action`` are cleared by the same ``UPDATE``. ``decision`` is recorded in
-    the loop state (``turns.with_decision``) and ``event`` is appended in the same transaction:
-    audited if and only if it took effect. ``event`` may be a function of the locked run (to name
-    what was decided, e.g. the pending calls, from the row the guard checked).
-
-    The returned run is not read back: it shows the row as the write returned it (the statement
-    ``decide_queue`` or ``decide_resume``).
-
-    Raises ``RunNotFound``, ``StaleTurn``, ``AlreadyDecided``, ``NotWaiting`` or what ``check``
-    raises; nothing changes then.
-    """
-    with transaction.atomic():
-        run = _lock_run(run_uuid)
-        _check_turn(run, expected_status=expected_status, turn_digest=turn_digest)
-        if check is not None:
-            check(run)
-        state = with_decision(run.loop_state, decision=decision, turn_digest=turn_digest)
-        params: dict[str, Any] = {"status": expected_status, "loop_state": state}
-        lease = None
-        signer = ("", run.lease_epoch)
-        if identity:
-            lease = Lease(run.pk, run.uuid, identity, run.lease_epoch + 1, next_sequence=0)
-            params.update(owner=identity, epoch=lease.epoch, lease_seconds=lease_seconds())
-            signer = (lease.owner, lease.epoch)
-        written = event(run) if callable(event) else event
-        row = locked_write(
-            run,
-            "decide_resume" if identity else "decide_queue",
-            params,
-            [written],
-            signer=signer,
-            lease=lease,
-        )
-        if row is None:  # pragma: no cover - impossible under the row lock
-            raise NotWaiting()
-        show(run, row)
-    return Decided(run=run, lease=lease, event=written)
-
-
-@state_write
-def run_reconcile_abandon(
-    *,
-    run_uuid: UUID | str,
-    turn_digest: str | None,
     event: EventSpec,
-    check: Callable[[AgentRun], None] | None = None,
-) -> AgentRun:
-    """Settle an in-doubt run ``failed`` / ``reconciled_abandoned`` under the row lock.
-
-    Guard: ``waiting_for_reconciliation`` and the digest of the in-doubt call (the statement
-    ``reconcile_abandon``). Raises as ``run_decide``.
-    """
-    with transaction.atomic():
-        run = _lock_run(run_uuid)
-        _check_turn(run, expected_status=Status.WAITING_FOR_RECONCILIATION, turn_digest=turn_digest)
-        if check is not None:
-            check(run)
-        state = with_decision(run.loop_state, decision=None, turn_digest=turn_digest)
-        row = locked_write(
-            run, "reconcile_abandon", {"loop_state": state}, [event], signer=("", run.lease_epoch)
+    identity: str | None,
+) -> Decided:
+    """Record a decision that needs no check beyond its guard (status and digest, under the row
+    lock): ``locked_waiting_run`` then ``record_decision``. Raises as ``locked_waiting_run``."""
+    with locked_waiting_run(
+        run_uuid, expected_status=expected_status, turn_digest=turn_digest
+    ) as run:
+        return record_decision(
+            run,
+            expected_status=expected_status,
+            turn_digest=turn_digest,
+            decision=decision,
+            event=event,
+            identity=identity,
         )
-        if row is None:  # pragma: no cover - impossible under the row lock
-            raise NotWaiting()
-        show(run, row)
-    return run
+
+
+def run_reconcile_abandon(
+    *, run_uuid: UUID | str, turn_digest: str | None, event: EventSpec
+) -> AgentRun:
+    """Settle an in-doubt run ``failed`` / ``reconciled_abandoned`` under the row lock
+    (``locked_waiting_run`` then ``record_abandon``). Raises as ``locked_waiting_run``."""
+    with locked_waiting_run(
+        run_uuid, expected_status=Status.WAITING_FOR_RECONCILIATION, turn_digest=turn_digest
+    ) as run:
+        return record_abandon(run, turn_digest=turn_digest, event=event)

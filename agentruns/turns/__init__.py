@@ -18,12 +18,25 @@ call's tool (effect, description, server) is read from the registry by
 ``agentruns.tools.shown``, which digests the turn as shown with ``turn_digest``.
 """
 
+from agentruns.turns.call_verdicts import (
+    ANSWER,
+    APPROVE,
+    DENY,
+    EDIT,
+    MAX_ANSWER_CHARS,
+    MAX_REASON_CHARS,
+    MAX_VERDICT_DEPTH,
+    VERDICTS,
+    CallVerdict,
+    VerdictName,
+)
 from agentruns.turns.calls import (
     APPROVAL,
     INPUT,
     RECONCILIATION,
     UNREADABLE,
     Call,
+    CallEdit,
     PendingKind,
     Unreadable,
     argument_order,
@@ -57,14 +70,24 @@ from agentruns.turns.state import (
 )
 
 __all__ = [
+    "ANSWER",
     "APPROVAL",
+    "APPROVE",
     "DEADLINE",
     "DECIDED_DIGESTS_KEPT",
+    "DENY",
+    "EDIT",
     "INPUT",
+    "MAX_ANSWER_CHARS",
+    "MAX_REASON_CHARS",
+    "MAX_VERDICT_DEPTH",
     "RECONCILIATION",
     "UNREADABLE",
+    "VERDICTS",
     "ApprovalDecision",
     "Call",
+    "CallEdit",
+    "CallVerdict",
     "Change",
     "CheckStatus",
     "Decision",
@@ -79,6 +102,7 @@ __all__ = [
     "Turn",
     "Unreadable",
     "Usage",
+    "VerdictName",
     "argument_order",
     "canonical_json",
     "decided_digests",

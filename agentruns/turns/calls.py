@@ -104,6 +104,40 @@ def ordered_arguments(arguments: Any, order: object) -> Any:
 
 
 @dataclass(frozen=True)
+class CallEdit:
+    """A person changed a call's arguments before anything ran (an ``edit`` verdict): the
+    arguments the model proposed (``original_arguments``, kept however often it is edited) and
+    who edited last (``editor``, their username; ``editor_id``). The editor is the author of
+    the arguments: under four-eyes someone else must approve them."""
+
+    original_arguments: Any
+    editor: str = ""
+    editor_id: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "original_arguments": self.original_arguments,
+            "editor": self.editor,
+            "editor_id": self.editor_id,
+        }
+
+    @classmethod
+    def parse(cls, raw: object, *, where: str) -> CallEdit:
+        data = _object(raw, where)
+        editor = data.get("editor", "")
+        editor_id = data.get("editor_id")
+        if not isinstance(editor, str):
+            raise Unreadable(f"{where} names no editor")
+        if editor_id is not None and (
+            not isinstance(editor_id, int) or isinstance(editor_id, bool)
+        ):
+            raise Unreadable(f"{where} has a malformed editor id")
+        return cls(
+            original_arguments=data.get("original_arguments"), editor=editor, editor_id=editor_id
+        )
+
+
+@dataclass(frozen=True)
 class Call:
     """One tool call the model proposed: its id (unique within the run), tool name, arguments
     and the tool's effect as known when it was proposed.
@@ -126,6 +160,8 @@ class Call:
     # Where its tool comes from, as the card shows it (``agentruns.tools.gate.ToolGate.shown``
     # reads it now); ``None`` for a call as the model proposed it. Digested with the effect.
     origin: ToolOrigin | None = None
+    # A person's edit of the arguments (``arguments`` are then the edited ones); digested.
+    edit: CallEdit | None = None
 
     @property
     def effect_label(self) -> str:
@@ -144,6 +180,8 @@ class Call:
         digested: dict[str, Any] = {"id": self.id, "name": self.name, "arguments": self.arguments}
         if self.preview is not None:
             digested["preview"] = self.preview.to_json()
+        if self.edit is not None:
+            digested["edit"] = self.edit.to_json()
         if self.origin is not None:
             digested.update(
                 effect=self.effect,
@@ -175,6 +213,8 @@ class Call:
             data["preview"] = self.preview.to_json()
         if self.origin is not None:
             data["origin"] = self.origin.to_json()
+        if self.edit is not None:
+            data["edit"] = self.edit.to_json()
         return data
 
     @classmethod
@@ -215,6 +255,11 @@ class Call:
             origin=(
                 ToolOrigin.parse(data["origin"], where=f"{where}'s origin")
                 if data.get("origin") is not None
+                else None
+            ),
+            edit=(
+                CallEdit.parse(data["edit"], where=f"{where}'s edit")
+                if data.get("edit") is not None
                 else None
             ),
         )

@@ -215,49 +215,56 @@ class PendingTurn:
         if not isinstance(digest, str) or not digest:
             raise Unreadable("it has no turn digest")
 
-        if expected == APPROVAL:
-            raw_calls = raw.get("calls")
-            if not isinstance(raw_calls, list) or not raw_calls:
-                raise Unreadable("it lists no calls")
-            calls = tuple(Call.parse(c, where=f"call {i + 1}") for i, c in enumerate(raw_calls))
-            _check_digest(digest, turn_digest(calls))
-            return cls(kind=APPROVAL, turn_digest=digest, calls=calls)
+        parse = {APPROVAL: _approval, INPUT: _input}.get(expected, _reconciliation)
+        return parse(raw, digest, run_uuid)
 
-        if expected == INPUT:
-            call = Call.parse(raw.get("call"), where="the call")
-            schema = raw.get("input_schema")
-            if not isinstance(schema, dict):
-                raise Unreadable("it has no input schema")
-            _check_digest(digest, turn_digest([call], input_schema=schema))
-            problem = _input_schema_problem(canonical_json(schema))
-            if problem:
-                raise Unreadable(problem)
-            order = raw.get("field_order")
-            return cls(
-                kind=INPUT,
-                turn_digest=digest,
-                calls=(call,),
-                input_schema=schema,
-                field_order=(
-                    tuple(k for k in order if isinstance(k, str)) if isinstance(order, list) else ()
-                ),
-            )
 
-        call = Call.parse(raw.get("call"), where="the call in flight")
-        _check_digest(digest, turn_digest([call]))
-        expired = raw.get("lease_expired_at")
-        epoch = raw.get("lease_epoch")
-        return cls(
-            kind=RECONCILIATION,
-            turn_digest=digest,
-            calls=(call,),
-            idempotency_key=str(raw.get("idempotency_key") or f"{run_uuid}:{call.id}"),
-            segment=str(raw.get("segment") or ""),
-            lease_epoch=epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
-            lease_expired_at=parse_datetime(expired) if isinstance(expired, str) else None,
-            reason=str(raw.get("reason") or ""),
-            check=CheckStatus.parse(raw.get("check")),
-        )
+def _approval(raw: dict[str, Any], digest: str, run_uuid: object) -> PendingTurn:
+    raw_calls = raw.get("calls")
+    if not isinstance(raw_calls, list) or not raw_calls:
+        raise Unreadable("it lists no calls")
+    calls = tuple(Call.parse(c, where=f"call {i + 1}") for i, c in enumerate(raw_calls))
+    _check_digest(digest, turn_digest(calls))
+    return PendingTurn(kind=APPROVAL, turn_digest=digest, calls=calls)
+
+
+def _input(raw: dict[str, Any], digest: str, run_uuid: object) -> PendingTurn:
+    call = Call.parse(raw.get("call"), where="the call")
+    schema = raw.get("input_schema")
+    if not isinstance(schema, dict):
+        raise Unreadable("it has no input schema")
+    _check_digest(digest, turn_digest([call], input_schema=schema))
+    problem = _input_schema_problem(canonical_json(schema))
+    if problem:
+        raise Unreadable(problem)
+    order = raw.get("field_order")
+    return PendingTurn(
+        kind=INPUT,
+        turn_digest=digest,
+        calls=(call,),
+        input_schema=schema,
+        field_order=(
+            tuple(k for k in order if isinstance(k, str)) if isinstance(order, list) else ()
+        ),
+    )
+
+
+def _reconciliation(raw: dict[str, Any], digest: str, run_uuid: object) -> PendingTurn:
+    call = Call.parse(raw.get("call"), where="the call in flight")
+    _check_digest(digest, turn_digest([call]))
+    expired = raw.get("lease_expired_at")
+    epoch = raw.get("lease_epoch")
+    return PendingTurn(
+        kind=RECONCILIATION,
+        turn_digest=digest,
+        calls=(call,),
+        idempotency_key=str(raw.get("idempotency_key") or f"{run_uuid}:{call.id}"),
+        segment=str(raw.get("segment") or ""),
+        lease_epoch=epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
+        lease_expired_at=parse_datetime(expired) if isinstance(expired, str) else None,
+        reason=str(raw.get("reason") or ""),
+        check=CheckStatus.parse(raw.get("check")),
+    )
 
 
 @functools.lru_cache(maxsize=256)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal, TypeAlias
 
+from agentruns.turns.call_verdicts import CallVerdict, parse_verdicts
 from agentruns.turns.calls import (
     APPROVAL,
     INPUT,
@@ -31,13 +32,16 @@ class Turn:
     """The turn a segment is executing: the model's calls in order, the ids already done
     (executed, denied or reconciled), the approval decision (``None``: none yet), the values
     a human supplied per call id, and who denied it when nobody did in person (``denied_by``:
-    ``"deadline"`` — the approval deadline passed; empty otherwise)."""
+    ``"deadline"`` — the approval deadline passed; empty otherwise). A person's whole-turn
+    denial keeps their username (``decider``) and their reason (``reason``) for the model."""
 
     calls: list[Call]
     done: list[str] = field(default_factory=list)
     approved: bool | None = None
     inputs: dict[str, Any] = field(default_factory=dict)
     denied_by: str = ""
+    decider: str = ""
+    reason: str = ""
 
     def open_calls(self) -> list[Call]:
         """The calls not done yet: what an approval of this turn lets run."""
@@ -55,6 +59,10 @@ class Turn:
         }
         if self.denied_by:
             data["denied_by"] = self.denied_by
+        if self.decider:
+            data["decider"] = self.decider
+        if self.reason:
+            data["reason"] = self.reason
         return data
 
     @classmethod
@@ -88,6 +96,8 @@ class Turn:
             approved=approved,
             inputs=dict(inputs),
             denied_by=str(denied_by),
+            decider=_text(raw.get("decider"), "loop_state.turn.decider"),
+            reason=_text(raw.get("reason"), "loop_state.turn.reason"),
         )
 
 
@@ -102,17 +112,25 @@ DENIERS = ("", DEADLINE)
 
 @dataclass(frozen=True)
 class ApprovalDecision:
-    """A human approved or denied the whole pending turn, whose digest was ``turn_digest`` — or
-    (``by="deadline"``, a denial only) nobody decided before its approval deadline."""
+    """A human decided the pending turn whose digest was ``turn_digest`` — or (``by="deadline"``,
+    a denial only) nobody decided before its approval deadline.
+
+    Whole turn (``verdicts`` empty): ``approved`` says for every call alike; a denial may carry
+    the person's ``reason``. Per call (``verdicts``: one per open call, in the turn's order):
+    ``approved`` says whether any call was approved. ``decider``: the person's username, which
+    the model reads with a denial or an answer and which an edit records as the author."""
 
     approved: bool
     decider_id: int | None = None
     turn_digest: str = ""
     by: str = "person"
+    verdicts: tuple[CallVerdict, ...] = ()
+    decider: str = ""
+    reason: str = ""
     kind: Literal["approval"] = "approval"
 
     def to_json(self) -> dict[str, Any]:
-        data = {
+        data: dict[str, Any] = {
             "kind": self.kind,
             "approved": self.approved,
             "decider_id": self.decider_id,
@@ -120,6 +138,12 @@ class ApprovalDecision:
         }
         if self.by != "person":
             data["by"] = self.by
+        if self.verdicts:
+            data["verdicts"] = [verdict.to_json() for verdict in self.verdicts]
+        if self.decider:
+            data["decider"] = self.decider
+        if self.reason:
+            data["reason"] = self.reason
         return data
 
 
@@ -175,6 +199,14 @@ class ReconciliationDecision:
 Decision: TypeAlias = ApprovalDecision | InputDecision | ReconciliationDecision
 
 
+def _text(raw: object, where: str) -> str:
+    if raw is None:
+        return ""
+    if not isinstance(raw, str):
+        raise Unreadable(f"{where} is not text")
+    return raw
+
+
 def _decider(raw: dict[str, Any]) -> int | None:
     decider = raw.get("decider_id")
     return decider if isinstance(decider, int) and not isinstance(decider, bool) else None
@@ -198,7 +230,13 @@ def parse_decision(raw: object) -> Decision:
         if by not in ("person", DEADLINE) or (by == DEADLINE and approved):
             raise Unreadable("loop_state.decision was made by an unknown party")
         return ApprovalDecision(
-            approved=approved, decider_id=_decider(raw), turn_digest=_digest_of(raw), by=str(by)
+            approved=approved,
+            decider_id=_decider(raw),
+            turn_digest=_digest_of(raw),
+            by=str(by),
+            verdicts=parse_verdicts(raw.get("verdicts"), where="loop_state.decision.verdicts"),
+            decider=_text(raw.get("decider"), "loop_state.decision.decider"),
+            reason=_text(raw.get("reason"), "loop_state.decision.reason"),
         )
     if kind == INPUT:
         call_id = raw.get("call_id")

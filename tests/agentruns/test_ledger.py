@@ -229,6 +229,7 @@ def test_run_and_since_narrow_what_is_verified_and_bad_arguments_exit_2():
     assert verify("--run", str(old.uuid))[0] == 1
     assert verify("--run", "not-a-uuid")[0] == 2
     assert verify("--run", "00000000-0000-0000-0000-000000000000")[0] == 2
+    assert verify("--run", str(new.uuid)[:8])[0] == 0  # the short id the pages show
     assert verify("--since", "yesterday")[0] == 2
 
 

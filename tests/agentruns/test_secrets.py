@@ -1,4 +1,4 @@
-"""Secrets by name (``agentruns.secrets``, docs/design.md §12.5): only allowed environment
+"""Secrets by name (``agentruns.secrets``, docs/design.md §12.4): only allowed environment
 variable names may be named, refused when a row is validated (admin forms included); the refusal
 at use, with nothing sent, is tested with the provider and the MCP client."""
 

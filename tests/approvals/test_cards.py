@@ -29,6 +29,7 @@ from agentruns.turns import turn_digest
 from playground.models import Note
 from tests.agentruns.factories import AgentConfigurationFactory, UserFactory
 from tests.agentruns.support.api import card_digest, waiting_for_approval
+from tests.approvals.support.html import sentences
 from tests.support.mcp_server import TicketServer
 from tests.support.mcp_server import server_row as synced_row
 
@@ -76,7 +77,7 @@ def approve(client: Any, run: AgentRun, digest: str) -> list[str]:
         {"decision": "approve", "turn_digest": digest},
         follow=True,
     )
-    return [str(m) for m in response.context["messages"]]
+    return sentences(response)
 
 
 def assert_nothing_ran(run: AgentRun) -> None:

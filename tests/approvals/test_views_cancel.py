@@ -185,8 +185,8 @@ def test_a_reviewer_s_admin_lists_runs_and_events_and_links_the_inbox_and_playgr
     assert reverse("admin:agentruns_agentrun_changelist") in index
     assert reverse("admin:agentruns_agentrunevent_changelist") in index
     assert reverse("approvals:inbox") in index and 'href="/playground/"' in index
-    # "View site" goes to the playground.
-    assert '<a href="/playground/">View site</a>' in index
+    # "View site" goes to the front door, which leads each person to their page.
+    assert '<a href="/">View site</a>' in index
     assert client.get(reverse("admin:agentruns_agentrun_changelist")).status_code == 200
     # Viewing, not changing.
     assert client.get(reverse("admin:agentruns_agentconfiguration_changelist")).status_code == 403

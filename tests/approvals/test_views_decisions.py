@@ -11,6 +11,7 @@ from agentruns.services import runs
 from playground.models import Note
 from tests.agentruns.support.api import card_digest
 from tests.approvals.conftest import make_in_doubt_run, start_input_run, start_waiting_run
+from tests.approvals.support.html import sentences
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +21,7 @@ SELF = "A colleague must approve; you may deny."
 
 
 def shown_messages(response) -> list[str]:
-    return [str(m) for m in response.context["messages"]]
+    return sentences(response)
 
 
 def decide(client, run, decision="approve", digest=None, **extra):

@@ -59,7 +59,14 @@ def test_an_approval_card_shows_what_will_run_and_binds_the_buttons_to_it(
     assert f'name="turn_digest" value="{card_digest(run)}"' in html
     assert '<button type="submit" name="decision" value="approve"' in html
     assert '<button type="submit" name="decision" value="deny"' in html
-    assert "<fieldset>" in html and "<legend>Decide the call of run" in html
+    assert '<fieldset class="approvals-decide">' in html and "<legend>Decide run" in html
+    # Per call: a group of verdicts, named by its legend, with a reason, an answer and an edit.
+    assert f'<fieldset class="lh-verdict" id="run{run.pk}-c1">' in html
+    assert "<legend>Your verdict on call 1: <code>create_note</code></legend>" in html
+    for verdict in ("approve", "deny", "answer", "edit"):
+        assert f'name="run{run.pk}-c1-verdict" value="{verdict}"' in html
+    # The edit form is the tool's schema, the model's values filled in.
+    assert f'name="run{run.pk}-c1-e-f0" value="Quarterly report"' in html
 
 
 def test_long_arguments_fold_into_details(client, decider, initiator):

@@ -13,7 +13,12 @@ from agentruns.turns import turn_digest
 from tests.agentruns.factories import AgentRunFactory
 from tests.agentruns.support.api import card_digest
 from tests.approvals.conftest import start_input_run, start_waiting_run
-from tests.approvals.support.html import heading_levels, headings_in_order, unlabelled_fields
+from tests.approvals.support.html import (
+    heading_levels,
+    headings_in_order,
+    sentences,
+    unlabelled_fields,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -28,7 +33,7 @@ def submit(client, run, values, digest=None, follow=True):
 
 
 def shown_messages(response) -> list[str]:
-    return [str(m) for m in response.context["messages"]]
+    return sentences(response)
 
 
 def assert_nothing_decided(run):
@@ -72,13 +77,18 @@ def test_invalid_input_re_renders_with_422_a_focused_summary_and_the_values_kept
     summary = summary[: summary.index("</div>")]
     assert 'tabindex="-1"' in summary and "autofocus" in summary
     assert "nothing was sent" in summary
-    assert (
-        f'href="#id_run{run.pk}-f0"' in summary
-        and "Your answer: This field is required." in summary
-    )
-    assert "Priority (0 or more): Ensure this value is greater than or equal to 0." in summary
+    # The summary links each field; what is wrong is said once, beside the field it describes.
+    assert f'href="#id_run{run.pk}-f0">Correct “Your answer”</a>' in summary
+    assert f'href="#id_run{run.pk}-f1">Correct “Priority (0 or more)”</a>' in summary
+    for error in ("This field is required.", "Ensure this value is greater than or equal to 0."):
+        assert html.count(error) == 1, error
+    assert f'id="id_run{run.pk}-f1_error"><strong>Error:</strong> Ensure' in html
+    assert f'aria-describedby="id_run{run.pk}-f1_helptext id_run{run.pk}-f1_error"' in html
     assert f'name="run{run.pk}-f1" value="-3"' in html  # the value is kept
     assert 'aria-invalid="true"' in html
+    assert "invalid_input" not in html
+    # The reviewer stays on the inbox they sent it from.
+    assert "approvals/inbox.html" in [t.name for t in response.templates]
     assert headings_in_order(heading_levels(html))
     assert unlabelled_fields(html) == []
     assert_nothing_decided(run)
@@ -90,7 +100,7 @@ def test_a_value_of_the_wrong_type_is_422_and_kept(client, decider, initiator):
     response = submit(client, run, {"f0": "Kept answer", "f1": "high"}, follow=False)
     assert response.status_code == 422
     html = response.content.decode()
-    assert "Priority (0 or more): Enter a whole number." in html
+    assert "<strong>Error:</strong> Enter a whole number." in html
     assert "Kept answer</textarea>" in html
     assert_nothing_decided(run)
 
@@ -124,7 +134,7 @@ def test_schema_errors_beyond_the_fields_checks_are_422_too(client, decider):
     response = submit(client, run, {"f0": "abc"}, follow=False)
     assert response.status_code == 422
     html = response.content.decode()
-    assert "Code: &#x27;abc&#x27; does not match &#x27;^[A-Z]{3}$&#x27;" in html
+    assert "<strong>Error:</strong> &#x27;abc&#x27; does not match &#x27;^[A-Z]{3}$&#x27;" in html
     assert 'aria-invalid="true"' in html
     assert "\nabc</textarea>" in html
     assert_nothing_decided(run)

@@ -11,7 +11,7 @@ from agentruns.models import AgentRun
 from agentruns.services import runs
 from tests.agentruns.factories import AgentRunFactory
 from tests.approvals.conftest import start_waiting_run
-from tests.approvals.support.html import heading_levels, headings_in_order
+from tests.approvals.support.html import heading_levels, headings_in_order, sentences
 
 pytestmark = pytest.mark.django_db
 
@@ -78,15 +78,18 @@ def test_the_timeline_lists_every_event_in_order(client, decider, colleague):
     rows = html[html.index("<tbody>") : html.index("</tbody>")].split("<tr>")[1:]
     assert len(rows) == len(events)
     for row, event in zip(rows, events, strict=True):
-        assert f"<td>{event.sequence}</td>" in row
-        assert f"<td>{event.get_kind_display()}</td>" in row
-        assert f"<td>{event.lease_epoch}</td>" in row
+        assert f'<td data-label="#">{event.sequence}</td>' in row
+        assert f'<td data-label="Kind">{event.get_kind_display()}</td>' in row
+        assert f'<td data-label="Epoch">{event.lease_epoch}</td>' in row
         if event.segment:
             assert f"<code>{event.segment}</code>" in row
         if event.duration_ms is not None:
             assert f"{event.duration_ms} ms" in row
     approval = next(r for r, e in zip(rows, events, strict=True) if e.kind == "approval")
-    assert "<td>colleague</td>" in approval and "Approved: create_note" in approval
+    assert (
+        '<td data-label="Decider">colleague</td>' in approval
+        and "Approved: create_note" in approval
+    )
     assert "Its writes were approved by someone other than who started it." in html
     assert "Completed" in html or "completed" in html
     assert headings_in_order(heading_levels(html))
@@ -106,4 +109,4 @@ def test_an_unknown_run_page_goes_back_to_the_inbox(client, decider):
     client.force_login(decider)
     response = client.get(reverse("approvals:run", args=[uuid.uuid4()]), follow=True)
     assert response.redirect_chain == [(reverse("approvals:inbox"), 302)]
-    assert [str(m) for m in response.context["messages"]] == ["That run does not exist."]
+    assert sentences(response) == ["That run does not exist."]

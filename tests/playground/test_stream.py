@@ -222,7 +222,7 @@ def test_a_streamed_run_that_suspends_ends_with_the_decision_form(dev_client):
     received = list(lines(stream(dev_client, configuration="notes", prompt="note it")))
     end = received[-1]
     assert end["event"] == "end" and end["outcome"] == "awaiting_approval"
-    assert 'name="approved" value="1"' in end["html"]
+    assert 'name="decision" value="approve"' in end["html"]
     assert "csrfmiddlewaretoken" in end["html"]
 
 
@@ -310,7 +310,8 @@ def test_streamed_input_values_the_form_refuses_are_one_error_line_with_the_form
         {"path": ["answer"], "message": "This field is required."},
         {"path": ["priority"], "message": "Enter a whole number."},
     ]
-    assert "Your answer: This field is required." in line["html"] and 'value="two"' in line["html"]
+    assert "Correct “Your answer”" in line["html"] and 'value="two"' in line["html"]
+    assert line["html"].count("This field is required.") == 1  # said once, beside its field
     assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_INPUT
 
 
@@ -324,3 +325,31 @@ def test_streamed_input_values_are_parsed_by_the_form_and_continue_inline(dev_cl
     assert received[-1]["event"] == "end" and received[-1]["status"] == "completed"
     values = AgentRunEvent.objects.get(run=run, kind=EventKind.INPUT).payload["values"]
     assert values == {"answer": "blue", "priority": 2}
+
+
+def test_the_lease_s_heartbeats_stream_as_they_happen_and_are_not_events(dev_client, settings):
+    """A call longer than a third of the lease is renewed by the segment's heartbeat while it
+    runs: each renewal is a ``heartbeat`` line between the call's proposal and its result."""
+    settings.AGENTRUNS = {**settings.AGENTRUNS, "LEASE_SECONDS": 0.9}
+    config(
+        "slow",
+        [
+            {"tool_calls": [{"name": "wait", "arguments": {"seconds": 3.5}}]},
+            {"content": "waited"},
+        ],
+    )
+    received = list(lines(stream(dev_client, configuration="slow", prompt="wait")))
+    kinds = [line.get("kind", line["event"]) for line in received]
+    beats = [line for line in received if line["event"] == "heartbeat"]
+    assert len(beats) >= 2, kinds
+    first, last = kinds.index("heartbeat"), len(kinds) - 1 - kinds[::-1].index("heartbeat")
+    assert kinds[first - 1] == "llm" and kinds[last + 1] == "tool"  # while the call ran
+    assert "the lease was renewed" in beats[0]["html"] and "Heartbeat" in beats[0]["html"]
+    run = AgentRun.objects.get()
+    assert beats[0]["run"] == str(run.uuid)
+    assert (
+        not AgentRunEvent.objects.filter(run=run)
+        .exclude(kind__in=[EventKind.LEASE, EventKind.REQUEST, EventKind.LLM, EventKind.TOOL])
+        .exists()
+    )
+    assert received[-1]["event"] == "end" and received[-1]["status"] == "completed"

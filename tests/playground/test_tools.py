@@ -19,6 +19,7 @@ from agentruns.tools import (
     registry,
     validate_input,
 )
+from agentruns.tools.result_kinds import REFUSED_PREFIX
 from playground import tools
 from playground.models import Note
 from tests.support.http_recorder import HTTPRecorder, recorders_on_one_port
@@ -137,13 +138,19 @@ def test_update_note_without_fields_is_an_error_result() -> None:
 # --- call_webhook -----------------------------------------------------------------------------
 
 
-def test_webhook_to_a_host_not_allowlisted_sends_nothing(http_recorder: HTTPRecorder) -> None:
+def test_webhook_to_a_host_not_allowlisted_sends_nothing(
+    http_recorder: HTTPRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
     with allowlist("example.com", f"127.0.0.1:{http_recorder.port + 1}"):
         result = call("call_webhook", {"url": http_recorder.url("/hook"), "payload": {"a": 1}})
-    assert result.ok is False
-    assert result.error.startswith("WebhookRefused: ")
+    assert result.ok is False and result.refused is True
+    assert result.error.startswith(REFUSED_PREFIX)
     assert http_recorder.netloc in result.error
     assert http_recorder.requests == []
+    # An expected refusal: one warning line, no traceback.
+    [logged] = [r for r in caplog.records if r.name == "agentruns.tools.invocation"]
+    assert logged.levelname == "WARNING" and logged.exc_info is None
+    assert "refused the call" in logged.getMessage() and "\n" not in logged.getMessage()
 
 
 def test_webhook_with_an_empty_allowlist_sends_nothing(http_recorder: HTTPRecorder) -> None:
@@ -251,9 +258,9 @@ def test_webhook_to_a_name_resolving_to_loopback_is_refused_though_the_name_is_l
     with allowlist(f"localhost:{http_recorder.port}"):
         result = call("call_webhook", {"url": url, "payload": {}})
         preview = tools.preview_call_webhook(context(), {"url": url, "payload": {}})
-    assert result.ok is False and result.in_doubt is False
+    assert result.ok is False and result.in_doubt is False and result.refused is True
     assert result.error.startswith(
-        "WebhookRefused: host 'localhost' resolves only to addresses that are not public: "
+        REFUSED_PREFIX + "host 'localhost' resolves only to addresses that are not public: "
     )
     assert "127.0.0.1 (loopback)" in result.error
     assert http_recorder.requests == []

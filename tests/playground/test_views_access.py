@@ -14,8 +14,8 @@ pytestmark = pytest.mark.django_db
 
 WEBHOOKS = "playground.approve_webhooks"
 MISSING = "approving call_webhook needs playground.approve_webhooks"
-APPROVE = 'name="approved" value="1"'
-DENY = 'name="approved" value="0"'
+APPROVE = 'name="decision" value="approve"'
+DENY = 'name="decision" value="deny"'
 
 
 def run_page(client, run: AgentRun):

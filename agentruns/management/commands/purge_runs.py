@@ -30,7 +30,14 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--older-than", type=days, required=True, metavar="DAYS")
+        parser.add_argument(
+            "--older-than",
+            type=days,
+            required=True,
+            metavar="DAYS",
+            help="Delete runs that finished more than DAYS days ago (a whole number, 0 or more; "
+            "0: every finished run).",
+        )
         parser.add_argument(
             "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
         )
@@ -51,4 +58,4 @@ class Command(BaseCommand):
             dry_run=options["dry_run"],
             on_batch=progress if options["verbosity"] >= 2 else None,
         )
-        self.stdout.write(result.summary())
+        self.stdout.write(result.summary())  # the one line it prints (the service logs nothing)

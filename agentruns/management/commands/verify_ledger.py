@@ -1,5 +1,6 @@
-"""``manage.py verify_ledger [--run UUID] [--since DATE] [--allow-plain]``: prove that runs'
-histories are the ones that were written (``agentruns.audit.verify``).
+"""``manage.py verify_ledger [--run RUN] [--since DATE] [--allow-plain]``: prove that runs'
+histories are the ones that were written (``agentruns.audit.verify``). ``RUN`` is a run's uuid or
+its start (the short id the pages show) when only one run starts so.
 
 The first line says which mode it checked in: plain SHA-256 (no ``AGENTRUNS_LEDGER_KEY``) or
 keyed HMAC-SHA256 under the configured key (its id). Exit status: 0 every run checked is intact
@@ -13,7 +14,6 @@ with that ``returncode`` for 1, 2 and 3.
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime, time
 from typing import Any
 
@@ -21,9 +21,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
-from agentruns import audit
-from agentruns.exceptions import LedgerKeyUnavailable
-from agentruns.models import AgentRun
+from agentruns import audit, selectors
+from agentruns.exceptions import AmbiguousRunId, LedgerKeyUnavailable, RunNotFound
 
 EXIT_BROKEN = 1
 EXIT_BAD_ARGUMENTS = 2
@@ -46,12 +45,19 @@ class Command(BaseCommand):
     help = (
         "Verify the tamper-evident chain of every run's events (or one run's, or the runs "
         "updated since a date), keyed under AGENTRUNS_LEDGER_KEY when it is set. Exit status: "
-        "0 intact, 1 broken runs (each named with its first bad sequence), 2 bad arguments or "
-        "no such run, 3 a keyed ledger without its key (or with another key)."
+        "0 intact, 1 broken runs (each named with its first bad sequence), 2 bad arguments, "
+        "no such run or an ambiguous short id, 3 a keyed ledger without its key (or with "
+        "another key)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--run", dest="run_uuid", help="Only this run (its uuid).")
+        parser.add_argument(
+            "--run",
+            dest="run_uuid",
+            metavar="RUN",
+            help="Only this run: its uuid, or its start (the short id the pages show) when only "
+            "one run starts so.",
+        )
         parser.add_argument(
             "--since",
             help="Only runs updated on or after this date (YYYY-MM-DD, or an ISO date-time).",
@@ -68,13 +74,9 @@ class Command(BaseCommand):
         run_uuid = None
         if options.get("run_uuid"):
             try:
-                run_uuid = uuid.UUID(str(options["run_uuid"]))
-            except ValueError:
-                raise CommandError(
-                    f"not a run uuid: {options['run_uuid']!r}", returncode=EXIT_BAD_ARGUMENTS
-                ) from None
-            if not AgentRun.objects.filter(uuid=run_uuid).exists():
-                raise CommandError(f"no run {run_uuid}", returncode=EXIT_BAD_ARGUMENTS)
+                run_uuid = selectors.run_uuid_for(text=str(options["run_uuid"]))
+            except (RunNotFound, AmbiguousRunId) as exc:
+                raise CommandError(exc.message, returncode=EXIT_BAD_ARGUMENTS) from None
         since = None
         if options.get("since"):
             try:

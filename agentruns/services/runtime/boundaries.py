@@ -29,8 +29,10 @@ from agentruns.tools.mcp_sessions import SessionScope
 from agentruns.transitions.deadlines import WaitDeadline
 from agentruns.turns import PendingTurn
 
-W = TypeVar("W")  # what a boundary write returns: falsy when it matched no row
 logger = logging.getLogger(__name__)
+
+#: What a guarded write returns: a verdict (bool) or the row it wrote (``None``: no match).
+_Written = TypeVar("_Written")
 
 # Kinds of event that record a step that happened: kept in the audit when a cancel is noticed.
 _COMPLETED_KINDS = (EventKind.TOOL, EventKind.LLM, EventKind.IN_DOUBT)
@@ -310,11 +312,11 @@ class Boundaries:
 
     # -- helpers --
 
-    def _charged(self, state: SegmentState, write: Callable[[], W]) -> W:
+    def _charged(self, state: SegmentState, write: Callable[[], _Written]) -> _Written:
         """``write`` (which records an answer's event), and the answer's charge in the spend
         ledger (``budgets.charge``) in the same transaction when one is pending: both or
-        neither. ``write``'s result; falsy (``False``, ``None``): it matched no row, and the
-        charge stays pending for ``lost``."""
+        neither. Returns what ``write`` returned; falsy (``False``, ``None``): it matched no row,
+        and the charge stays pending for ``lost``."""
         pending = state.unwritten.charge
         if pending is None:
             return write()

@@ -81,7 +81,7 @@ def settle_internal_error(lease: Lease, state: LoopState, exc: Exception) -> Sto
     """After an unexpected exception in a segment (a bug, a raising observer, a registry error):
     log it, record an ``error`` event (type and message) and settle the run ``failed`` /
     ``internal_error`` under ``lease`` — unless a write is fenced, where the reaper's fence rule
-    decides as for a dead segment (docs/design.md §7.4). What the failed step left unwritten is
+    decides as for a dead segment (docs/design.md §7.3). What the failed step left unwritten is
     not recorded."""
     logger.exception("run %s: unexpected error in the segment", lease.uuid)
     error = {"type": type(exc).__name__, "message": storable_text(str(exc)[:500])}

@@ -22,7 +22,7 @@ from agentruns.leases import EventSpec, Lease
 from agentruns.models import WRITE_EFFECTS, Effect, EventKind
 from agentruns.services.runtime import shutdown
 from agentruns.services.runtime.ticker import LeaseTicker
-from agentruns.services.runtime.transcript import DENIED_MESSAGE, EXPIRED_MESSAGE
+from agentruns.services.runtime.transcript import ANSWERED, EXPIRED_MESSAGE, denied_message
 from agentruns.tools import Tool, ToolContext, ToolResult, invoke_tool
 from agentruns.turns import DEADLINE, Call
 
@@ -139,12 +139,54 @@ def unrun_event(call: Call, *, outcome: str, error: str) -> EventSpec:
     )
 
 
-def denied_event(call: Call, *, by: str = "") -> EventSpec:
-    """A call that was denied: the model is told an operator denied it — or, ``by="deadline"``,
-    that the request expired (docs/design.md §5.11)."""
+def denied_event(call: Call, *, by: str = "", decider: str = "", reason: str = "") -> EventSpec:
+    """A call that was denied: the model is told who denied it (``decider``, a username; an
+    operator when not known) and, verbatim and marked as the reviewer's words, their
+    ``reason`` (``transcript.tool_message_content``) — or, ``by="deadline"``, that the request
+    expired (docs/design.md §5.11)."""
     if by == DEADLINE:
         return unrun_event(call, outcome="expired", error=EXPIRED_MESSAGE)
-    return unrun_event(call, outcome="denied", error=DENIED_MESSAGE)
+    event = unrun_event(call, outcome="denied", error=denied_message(decider))
+    if decider:
+        event.payload["decided_by"] = decider
+    if reason:
+        event.payload["reason"] = reason
+    return event
+
+
+def answered_event(call: Call, *, decider: str, answer: Any) -> EventSpec:
+    """A call a person answered in place of running it: the tool did not run and nothing was
+    fenced; the model reads ``answer`` as the call's result, marked as given by that person
+    (``transcript.tool_message_content``)."""
+    return EventSpec(
+        EventKind.TOOL,
+        {
+            "call_id": call.id,
+            "name": call.name,
+            "effect": call.effect or None,
+            "outcome": ANSWERED,
+            "ok": True,
+            "result": answer,
+            "decided_by": decider,
+        },
+        shown={"arguments": call.arguments},
+    )
+
+
+def edited_marks(call: Call) -> dict[str, Any]:
+    """What a ``tool`` event of ``call`` adds when a person edited its arguments: the edited
+    arguments (not the proposed ones the ``llm`` event stores) and the edit — who edited and
+    the model's original arguments. ``{}`` for a call nobody edited."""
+    if call.edit is None:
+        return {}
+    return {
+        "arguments": call.arguments,
+        "edit": {
+            "editor": call.edit.editor,
+            "editor_id": call.edit.editor_id,
+            "original_arguments": call.edit.original_arguments,
+        },
+    }
 
 
 def refused_event(call: Call, reason: str) -> EventSpec:

@@ -17,6 +17,12 @@ from agentruns.models import AgentRun, AgentRunEvent, EventKind
 from agentruns.providers.base import ToolCall
 from agentruns.services.runtime.structured_output import schema_instruction
 from agentruns.tools import ToolResult
+
+# What the model reads for a call that never ran (``agentruns.tools.result_kinds``), re-exported
+# for the runtime's callers.
+from agentruns.tools.result_kinds import DENIED_MESSAGE as DENIED_MESSAGE
+from agentruns.tools.result_kinds import EXPIRED_MESSAGE as EXPIRED_MESSAGE
+from agentruns.tools.result_kinds import denied_message as denied_message
 from agentruns.turns import LoopState, Unreadable
 
 
@@ -24,11 +30,8 @@ class NotRehydratable(Exception):
     """The stored state of a run cannot be turned back into a dialogue and a loop state."""
 
 
-DENIED_MESSAGE = "denied by an operator: this call was not executed"
-EXPIRED_MESSAGE = (
-    "the request for approval (or input) expired: nobody decided before its deadline, so this "
-    "call was not executed"
-)
+#: A ``tool`` event's outcome for a call a person answered in place of running it.
+ANSWERED = "answered"
 
 
 def system_prompt_for(run: AgentRun) -> str:
@@ -92,11 +95,44 @@ def tool_message_content(payload: Mapping[str, Any]) -> str:
     stored = payload.get("content")
     if isinstance(stored, str):
         return stored
+    marked = _person_marked(payload)
+    if marked is not None:
+        return json.dumps(marked, ensure_ascii=False, sort_keys=True)
     return ToolResult(
         ok=payload.get("ok") is True,
         content=payload.get("result"),
         error=str(payload.get("error") or ""),
     ).as_message_content()
+
+
+def _person_marked(payload: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The tool message of a call a person decided in particular, as the model reads it: a
+    denial with the reviewer's reason (verbatim, under a key that says whose words they are),
+    an answer given in place of running the tool, or a result of arguments a person edited
+    (with the arguments it ran with). ``None`` for any other call."""
+    outcome = payload.get("outcome")
+    reason = payload.get("reason")
+    if outcome == "denied" and isinstance(reason, str) and reason:
+        return {"error": str(payload.get("error") or ""), "reason_given_by_the_reviewer": reason}
+    if outcome == ANSWERED:
+        return {
+            "answered_by_a_person": str(payload.get("decided_by") or ""),
+            "note": "a person gave this result in place of running the tool: the tool did not run",
+            "result": payload.get("result"),
+        }
+    edit = payload.get("edit")
+    if not isinstance(edit, dict):
+        return None
+    marked: dict[str, Any] = {
+        "arguments_edited_by_a_person": str(edit.get("editor") or ""),
+        "note": "a person changed this call's arguments before it ran; it ran with arguments_run",
+        "arguments_run": payload.get("arguments"),
+    }
+    if payload.get("ok") is True:
+        marked["result"] = payload.get("result")
+    else:
+        marked["error"] = str(payload.get("error") or "")
+    return marked
 
 
 @dataclass

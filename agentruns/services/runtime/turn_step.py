@@ -29,6 +29,7 @@ from agentruns.services.runtime.ticker import LeaseTicker
 from agentruns.services.runtime.tool_step import (
     ToolStep,
     denied_event,
+    edited_marks,
     execute_tool_call,
     refused_event,
 )
@@ -103,7 +104,7 @@ def _run_call(
     needs_approval = tool is None or tool.needs_approval
     if turn.approved is False:  # denied: nothing of the turn executes
         turn.done.append(call.id)
-        denied = denied_event(call, by=turn.denied_by)
+        denied = denied_event(call, by=turn.denied_by, decider=turn.decider, reason=turn.reason)
         return writer.step_done(state, [denied], clear="", last_of_turn=last_of_turn)
     if needs_approval and turn.approved is None:
         # Judged on the tool as it is now, not as the scan before the turn found it: a call
@@ -176,8 +177,9 @@ def _execute(
 def _tool_event(
     seg: Segment, call: Call, arguments: Any, effect: str, step: ToolStep, result: ToolResult
 ) -> EventSpec:
-    """The ``tool`` event of a call that ran."""
-    payload: dict[str, Any] = {"call_id": call.id, "name": call.name}
+    """The ``tool`` event of a call that ran, or that its tool refused before doing anything
+    (outcome ``refused``: ``ToolRefused``, nothing was sent)."""
+    payload: dict[str, Any] = {"call_id": call.id, "name": call.name, **edited_marks(call)}
     if arguments != call.arguments:
         # Only when they are not the proposed ones (a person's input was merged in): the
         # ``llm`` event that proposed the call already stores them (docs/design.md §1.9).
@@ -185,7 +187,7 @@ def _tool_event(
     payload.update(
         {
             "effect": effect,
-            "outcome": "executed",
+            "outcome": "refused" if result.refused else "executed",
             "ok": result.ok,
             "result": result.content,
             "error": result.error,

@@ -260,6 +260,7 @@ def test_detail_shows_the_pending_turn_without_raw_state(api):
                 ],
             },
             "preview_failed": None,
+            "edit": None,
         }
     ]
 

@@ -72,7 +72,12 @@ def api_schema(token, wsgi_app):
 # Checks that cannot hold for one operation, and why. The document cannot say "the slug of an
 # active configuration", so a generated slug is schema-valid and refused with a 400 naming the
 # field (documented) — which ``positive_data_acceptance`` would report.
-NOT_CHECKED: dict[str, list] = {"POST /api/runs/": [checks.positive_data_acceptance]}
+# Likewise "each open call's id, exactly once" for a decision per call: generated ``calls`` are
+# refused with a 400 naming what is missing, named twice or not open (documented).
+NOT_CHECKED: dict[str, list] = {
+    "POST /api/runs/": [checks.positive_data_acceptance],
+    "POST /api/runs/{uuid}/decision/": [checks.positive_data_acceptance],
+}
 
 
 def real_run(label: str, index: int) -> AgentRun:

@@ -240,6 +240,12 @@ def test_the_request_script_overrides_the_configuration_script():
         [{"content": "x", "error": "sometimes"}],
         [{"content": "x", "times": 2}],
         [{"content": "x", "usage": {"prompt_tokens": "many"}}],
+        [{"branches": []}],
+        [{"branches": [{"content": "x"}], "content": "y"}],
+        [{"branches": [{"when": "maybe", "content": "x"}]}],
+        [{"branches": [{"when": [], "content": "x"}]}],
+        [{"branches": [{"when": "ok"}]}],
+        [{"branches": [{"branches": [{"content": "x"}]}]}],
     ],
 )
 def test_a_malformed_script_is_a_clear_fatal_error(script):

@@ -14,7 +14,7 @@ from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
 from agentruns.services.runs import run_decide as service_decide
 from agentruns.services.runs import run_start_sync
 from agentruns.services.runtime.results import Outcome
-from agentruns.transitions import run_decide
+from agentruns.transitions import locked_waiting_run, record_decision, run_decide
 from agentruns.turns import ApprovalDecision
 from tests.agentruns.support.runtime import call, config, decider, tool_turn
 from tests.agentruns.support.transitions import DIGEST, start, suspend
@@ -82,18 +82,18 @@ def test_the_event_may_be_built_from_the_locked_run():
     suspend(lease)
     seen = []
 
-    def event(run: AgentRun) -> EventSpec:
+    with locked_waiting_run(
+        lease.uuid, expected_status=Status.WAITING_FOR_APPROVAL, turn_digest=DIGEST
+    ) as run:
         seen.append((run.status, run.pending_turn["turn_digest"]))
-        return EventSpec(EventKind.APPROVAL, {"calls": len(run.pending_turn["calls"])})
-
-    run_decide(
-        run_uuid=lease.uuid,
-        expected_status=Status.WAITING_FOR_APPROVAL,
-        turn_digest=DIGEST,
-        decision=ApprovalDecision(approved=True),
-        event=event,
-        identity=None,
-    )
+        record_decision(
+            run,
+            expected_status=Status.WAITING_FOR_APPROVAL,
+            turn_digest=DIGEST,
+            decision=ApprovalDecision(approved=True),
+            event=EventSpec(EventKind.APPROVAL, {"calls": len(run.pending_turn["calls"])}),
+            identity=None,
+        )
 
     assert seen == [(Status.WAITING_FOR_APPROVAL, DIGEST)]
     approval = AgentRunEvent.objects.get(run_id=lease.run_id, kind=EventKind.APPROVAL)

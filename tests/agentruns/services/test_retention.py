@@ -3,6 +3,7 @@ database clock, in batches, and never a run that has not ended."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import timedelta
 from io import StringIO
@@ -185,3 +186,16 @@ def test_two_purges_at_once_delete_everything_exactly_once():
     assert not errors
     assert sum(r.runs for r in results) == 60 and sum(r.events for r in results) == 120
     assert not AgentRun.objects.exists() and not AgentRunEvent.objects.exists()
+
+
+def test_purge_runs_says_what_it_did_once_and_explains_older_than(caplog, capsys):
+    finished(Status.COMPLETED, 40)
+    caplog.set_level(logging.DEBUG)
+    assert purge("--older-than", "30") == [
+        "removed 1 run(s) and 3 event(s) finished more than 30 day(s) ago in 1 batch(es)"
+    ]
+    assert [r.getMessage() for r in caplog.records if "removed" in r.getMessage()] == []
+    with pytest.raises(SystemExit):
+        call_command("purge_runs", "--help")
+    helped = " ".join(capsys.readouterr().out.split())
+    assert "--older-than DAYS Delete runs that finished more than DAYS days ago" in helped

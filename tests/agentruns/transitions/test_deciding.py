@@ -19,6 +19,9 @@ from agentruns.exceptions import (
 from agentruns.leases import EventSpec, Lease
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status, TerminationReason
 from agentruns.transitions import (
+    locked_waiting_run,
+    record_abandon,
+    record_decision,
     run_cancel,
     run_decide,
     run_heartbeat,
@@ -65,15 +68,27 @@ def decide(
     expected: str = Status.WAITING_FOR_APPROVAL,
     check: Any = None,
 ):
-    return run_decide(
-        run_uuid=run_uuid,
-        expected_status=expected,
-        turn_digest=digest,
-        decision=ApprovalDecision(approved=True),
-        event=approval(digest),
-        identity=identity,
-        check=check,
-    )
+    """``run_decide``; with ``check``, the service's plain order instead: lock, ``check`` the
+    locked row, record."""
+    if check is None:
+        return run_decide(
+            run_uuid=run_uuid,
+            expected_status=expected,
+            turn_digest=digest,
+            decision=ApprovalDecision(approved=True),
+            event=approval(digest),
+            identity=identity,
+        )
+    with locked_waiting_run(run_uuid, expected_status=expected, turn_digest=digest) as run:
+        check(run)
+        return record_decision(
+            run,
+            expected_status=expected,
+            turn_digest=digest,
+            decision=ApprovalDecision(approved=True),
+            event=approval(digest),
+            identity=identity,
+        )
 
 
 # --- decide --------------------------------------------------------------------------------------
@@ -394,12 +409,15 @@ def test_reconcile_abandon_refused_by_check_changes_nothing():
     def refuse(run: AgentRun) -> None:
         raise SelfApprovalRefused()
 
-    with pytest.raises(SelfApprovalRefused):
-        run_reconcile_abandon(
-            run_uuid=run.uuid,
-            turn_digest=IN_DOUBT_DIGEST,
-            event=EventSpec(EventKind.RECONCILIATION),
-            check=refuse,
+    with (
+        pytest.raises(SelfApprovalRefused),
+        locked_waiting_run(
+            run.uuid, expected_status=Status.WAITING_FOR_RECONCILIATION, turn_digest=IN_DOUBT_DIGEST
+        ) as locked,
+    ):
+        refuse(locked)
+        record_abandon(
+            locked, turn_digest=IN_DOUBT_DIGEST, event=EventSpec(EventKind.RECONCILIATION)
         )
 
     assert snapshot(run.pk) == before

@@ -15,6 +15,7 @@ from agentruns.turns import turn_digest
 from playground.models import Note
 from tests.agentruns.factories import UserFactory
 from tests.agentruns.support.api import in_doubt, waiting_for_approval, waiting_for_input
+from tests.approvals.support.html import sentences
 
 DECIDE = "agentruns.decide_agentrun"
 USE = "playground.use_playground"
@@ -187,9 +188,7 @@ def test_an_unusable_input_schema_is_a_readable_refusal_everywhere(api, client, 
         follow=True,
     )
     assert posted.status_code == 200
-    assert [str(m) for m in posted.context["messages"]] == [
-        "This run's stored state cannot be read — nothing was changed."
-    ]
+    assert sentences(posted) == ["This run's stored state cannot be read — nothing was changed."]
     inbox = client.get("/admin/approvals/").content.decode()
     playground = client.get(f"/playground/runs/{run.uuid}/").content.decode()
     for page in (inbox, playground):
@@ -224,9 +223,7 @@ def test_an_input_schema_whose_reference_does_not_resolve_is_refused_on_submit(a
         {f"run{run.pk}-f0": "blue", "turn_digest": turn_digest},
         follow=True,
     )
-    assert [str(m) for m in posted.context["messages"]] == [
-        "This run's stored state cannot be read — nothing was changed."
-    ]
+    assert sentences(posted) == ["This run's stored state cannot be read — nothing was changed."]
     played = client.post(
         f"/playground/runs/{run.uuid}/input/",
         {"value-f0": "blue", "turn_digest": turn_digest},

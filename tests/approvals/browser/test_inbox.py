@@ -18,7 +18,14 @@ from agentruns.services import runs
 from playground.models import Note
 from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory, UserFactory
 from tests.approvals.conftest import make_in_doubt_run, start_input_run, start_waiting_run
-from tests.approvals.support.browser import card, log_in, messages, new_page, screenshot
+from tests.approvals.support.browser import (
+    card,
+    log_in,
+    messages,
+    new_page,
+    overflows,
+    screenshot,
+)
 from tests.approvals.support.html import headings_in_order
 from tests.support.axe import assert_accessible_copy
 
@@ -31,11 +38,6 @@ REFUSED = {
 pytestmark = pytest.mark.browser
 
 
-def overflows(page) -> bool:
-    """Whether the page is wider than its window (it would scroll sideways)."""
-    return page.evaluate("document.documentElement.scrollWidth > window.innerWidth + 1")
-
-
 def test_staff_log_in_approve_a_write_and_see_the_run_complete(
     browser, live_server, decider, initiator
 ):
@@ -44,7 +46,7 @@ def test_staff_log_in_approve_a_write_and_see_the_run_complete(
     log_in(page, live_server, decider)
     page.click("#approvals-link a:text('Approvals inbox')")
     assert page.locator("h1").inner_text() == "Approvals inbox"
-    assert card(page, run).locator("code", has_text="create_note").count() == 1
+    assert card(page, run).locator("h4 code", has_text="create_note").count() == 1
     assert "Write (non-idempotent: not safe to repeat)" in card(page, run).inner_text()
     screenshot(page, "inbox-approval.png")
 
@@ -55,7 +57,7 @@ def test_staff_log_in_approve_a_write_and_see_the_run_complete(
 
     # The worker's turn (what the django-q2 task runs), then the staff member looks again.
     assert runs.run_process_queued(run_uuid=run.uuid).outcome == "completed"
-    page.click("nav.approvals-nav >> text=Recent runs")
+    page.click("nav.lh-nav >> text=Recent runs")
     row = page.locator("tr", has=page.locator(f"a[href$='{run.uuid}/']"))
     assert "completed" in row.inner_text()
     assert "someone other than who started it" in row.inner_text()
@@ -105,7 +107,9 @@ def test_invalid_input_comes_back_with_422_a_focused_summary_and_the_values_kept
 
     summary = page.locator(f"#error-summary-{run.pk}")
     assert summary.evaluate("element => element === document.activeElement")
-    assert "Your answer: This field is required." in summary.inner_text()
+    assert "Correct “Your answer”" in summary.inner_text()
+    # What is wrong is said once, beside the field (the summary links to it).
+    assert page.inner_text("#content").count("This field is required.") == 1
     assert page.get_by_label("Priority (0 or more) (optional)").input_value() == "-1"
     assert AgentRun.objects.get(pk=run.pk).status == Status.WAITING_FOR_INPUT
     screenshot(page, "input-422.png")
@@ -194,7 +198,7 @@ def test_every_card_type_in_one_inbox(browser, live_server, decider, initiator, 
     groups = page.locator("#content fieldset").evaluate_all(
         "nodes => nodes.map(n => n.querySelector('legend') && n.querySelector('legend').innerText)"
     )
-    assert len(groups) == 3 and all(groups)
+    assert len(groups) == 5 and all(groups)  # the batch, each call's verdict, each decision
     assert_accessible_copy(page)
     assert screenshot(page, "inbox.png").stat().st_size > 10_000
     page.set_viewport_size({"width": 1280, "height": 900})
@@ -231,10 +235,12 @@ def test_a_reviewer_without_the_tool_s_permission_sees_deny_only_and_what_is_mis
     line = shown.locator(".approvals-missing")
     assert line.inner_text() == (
         "You may not approve this turn: approving call_webhook needs "
-        "playground.approve_webhooks. You may deny it."
+        "playground.approve_webhooks. You may deny it.\n\n"
+        "“Can approve calls of call_webhook” (playground.approve_webhooks) is held by no group: "
+        "only by superusers and by whoever it is given to."
     )
     # The decision's group is described by that line, for screen readers too.
-    described = shown.locator("fieldset").get_attribute("aria-describedby")
+    described = shown.locator("fieldset.approvals-decide").get_attribute("aria-describedby")
     assert described and reviewer.locator(f"#{described}").inner_text() == line.inner_text()
     screenshot(reviewer, "inbox-deny-only.png")
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from django.conf import settings
 from django.urls import reverse
 
+from tests.approvals.support.html import RUN_NAMED
 from tests.support.browser import new_page as support_new_page
 
 ARTIFACTS = Path(settings.BASE_DIR) / "artifacts"
@@ -31,9 +32,22 @@ def card(page, run):
     return page.locator(f"#run-{run.uuid}")
 
 
-def messages(page) -> list[str]:
+def named_messages(page) -> list[str]:
+    """The messages as shown, each led by the run it is about ("Run 7b7e07e3 (Notes): …")."""
     page.wait_for_selector(".messagelist li")
     return [text.strip() for text in page.locator(".messagelist li").all_inner_texts()]
+
+
+def messages(page) -> list[str]:
+    """The messages without the run each names (``RUN_NAMED``)."""
+    return [
+        match["rest"] if (match := RUN_NAMED.match(text)) else text for text in named_messages(page)
+    ]
+
+
+def overflows(page) -> bool:
+    """Whether the page is wider than its window (it would scroll sideways)."""
+    return page.evaluate("document.documentElement.scrollWidth > window.innerWidth + 1")
 
 
 def screenshot(page, name: str, *, full_page: bool = True) -> Path:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html as htmllib
+import re
 from html.parser import HTMLParser
 from itertools import pairwise
 
@@ -60,3 +62,26 @@ def headings_in_order(levels: list[int]) -> bool:
 def unlabelled_fields(html: str) -> list[dict[str, str | None]]:
     page = inspect(content_of(html))
     return [f for f in page.fields if f.get("id") not in page.label_targets]
+
+
+# Every message after a decision leads with its run: "Run 7b7e07e3 (Notes): …" (a link).
+RUN_NAMED = re.compile(
+    r"^Run (?P<short>[0-9a-f]{8})(?: \((?P<configuration>.*?)\))?: (?P<rest>.*)$"
+)
+
+
+def message_text(message: object) -> str:
+    """A message as a reader sees it: its markup dropped, its entities read."""
+    return htmllib.unescape(re.sub(r"<[^>]+>", "", str(message)))
+
+
+def sentences(response) -> list[str]:
+    """The messages of a response without the run each names (``RUN_NAMED``)."""
+    texts = [message_text(m) for m in response.context["messages"]]
+    return [match["rest"] if (match := RUN_NAMED.match(t)) else t for t in texts]
+
+
+def named_runs(response) -> list[str]:
+    """The short ids the response's messages lead with ("" for a message naming no run)."""
+    texts = [message_text(m) for m in response.context["messages"]]
+    return [match["short"] if (match := RUN_NAMED.match(t)) else "" for t in texts]

@@ -126,7 +126,10 @@ def test_the_streamed_playground_keeps_up_and_passes_axe(page, live_server):
     assert calls.nth(0).get_attribute("class") == "call-write"
     assert "Write (non-idempotent: not safe to repeat)" in calls.nth(0).inner_text()
     assert "Read (changes nothing)" in calls.nth(1).inner_text()
-    assert calls.nth(1).locator("details").count() == 1
+    assert calls.nth(1).locator("> details").count() == 1  # the read's arguments, folded
+    # Each call has its verdict: a group named for the call, the answer and edit folded.
+    verdict = calls.nth(1).get_by_role("group", name="Your verdict on call 1 of 2: list_notes")
+    assert verdict.locator("details").count() == 2
     assert "non_idempotent_write" not in page.inner_text("body")
     assert_accessible(page)
     page.set_viewport_size({"width": 1280, "height": 900})

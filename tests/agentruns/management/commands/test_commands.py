@@ -149,11 +149,37 @@ def test_cancel_run_with_an_unknown_uuid_exits_2():
     assert no.value.returncode == 2
 
 
-@pytest.mark.parametrize("raw", ["nope", "", "3f1e1c1e-0000-4000-8000"])
-def test_cancel_run_with_a_malformed_uuid_exits_2(raw):
-    with pytest.raises(CommandError, match="not a run uuid") as bad:
+@pytest.mark.parametrize("raw", ["nope", "", "3f1", "3f1e1c1e-0000-4000-8000-0000000000001"])
+def test_cancel_run_with_a_malformed_id_exits_2(raw):
+    with pytest.raises(CommandError, match="not a run id") as bad:
         call_command("cancel_run", raw)
     assert bad.value.returncode == 2
+
+
+def test_cancel_run_takes_the_short_id_the_pages_show():
+    run = AgentRunFactory(running=True)
+    short = str(run.uuid)[:8]
+    assert run_command("cancel_run", short.upper()) == [f"cancelled {run.uuid}"]
+    run.refresh_from_db()
+    assert run.status == Status.CANCELLED
+
+
+def test_a_short_id_that_starts_several_runs_is_refused_naming_them():
+    first = AgentRunFactory(running=True, uuid="3f1e1c1e-0000-4000-8000-000000000001")
+    second = AgentRunFactory(running=True, uuid="3f1e1c1e-0000-4000-9000-000000000002")
+    with pytest.raises(CommandError) as ambiguous:
+        call_command("cancel_run", "3f1e1c1e")
+    assert ambiguous.value.returncode == 2
+    assert str(ambiguous.value) == (
+        f"'3f1e1c1e' is the start of more than one run ({first.uuid}, {second.uuid}): give "
+        "more of its id"
+    )
+    # More of it names one.
+    assert run_command("cancel_run", "3f1e1c1e-0000-4000-8") == [f"cancelled {first.uuid}"]
+    assert run_command("cancel_run", "3f1e1c1e000040009") == [f"cancelled {second.uuid}"]
+    with pytest.raises(CommandError, match="no run's id starts with 3f1e1c1e9") as none:
+        call_command("cancel_run", "3f1e1c1e-9")
+    assert none.value.returncode == 2
 
 
 def cancel_run_process(*args: str) -> subprocess.CompletedProcess[str]:

@@ -8,6 +8,7 @@ The verdicts per rule are in ``services/reaper/test_rules.py``; races and crashe
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -187,6 +188,18 @@ def test_batched_wake_ups_write_the_rows_the_broker_would():
         assert set(task) == set(tasks[0])
         assert task["func"] == shape["func"] and task["group"] == shape["group"]
         assert "broker" not in task
+
+
+def test_a_held_wake_up_is_logged_with_words_not_none(caplog):
+    caplog.set_level(logging.INFO, logger="django-q")
+    with transaction.atomic(), dispatch.batched_wakeups():
+        dispatch.send_wakeup("first")
+        dispatch.send_wakeup("second")
+    enqueued = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Enqueued")]
+    assert enqueued == [
+        "Enqueued [leasehold] held 1 of this batch's wake-ups",
+        "Enqueued [leasehold] held 2 of this batch's wake-ups",
+    ]
 
 
 def test_batched_wake_ups_write_nothing_when_the_block_raises():

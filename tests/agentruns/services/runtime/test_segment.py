@@ -36,7 +36,7 @@ from agentruns.services.runs import (
 from agentruns.services.runtime import tool_step
 from agentruns.services.runtime.results import Outcome
 from agentruns.services.runtime.segment import continue_segment
-from agentruns.services.runtime.transcript import DENIED_MESSAGE
+from agentruns.services.runtime.transcript import DENIED_MESSAGE, denied_message
 from agentruns.tools import Tool, registry
 from agentruns.turns import Call, turn_digest
 from playground.models import Note
@@ -246,12 +246,13 @@ def test_denying_runs_nothing_and_the_model_receives_the_denial(probes):
     ]
     approval = next(e for e in stream if e.kind == EventKind.APPROVAL)
     assert approval.payload["approved"] is False and approval.actor_id == denier.pk
-    # The second provider call carried one denial per call of the turn.
+    # The second provider call carried one denial per call of the turn, naming who denied.
     last = sent(run)[-1]
     assert {k: json.loads(v) for k, v in tool_messages(last).items()} == {
-        "call_0_0": {"error": DENIED_MESSAGE},
-        "call_0_1": {"error": DENIED_MESSAGE},
+        "call_0_0": {"error": denied_message(denier.get_username())},
+        "call_0_1": {"error": denied_message(denier.get_username())},
     }
+    assert denied_message("") == DENIED_MESSAGE  # who, when the decision does not say
 
 
 @pytest.mark.parametrize("digest", [None, "", "0" * 64])
