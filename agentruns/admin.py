@@ -15,6 +15,7 @@ from django.utils.html import format_html, format_html_join
 
 from agentruns import selectors
 from agentruns.admin_runs import AgentRunAdmin, AgentRunEventAdmin
+from agentruns.admin_versions import ConfigurationVersionAdmin, ConfigurationVersionInline
 from agentruns.exceptions import LeaseholdError
 from agentruns.jsonview import pretty_json
 from agentruns.models import (
@@ -29,7 +30,8 @@ from agentruns.models import (
 from agentruns.services.mcp_sync import mcp_server_sync
 from agentruns.tools.mcp_tools import read_only_by_operator
 
-__all__ = ["AgentRunAdmin", "AgentRunEventAdmin"]  # registered by agentruns.admin_runs
+# Registered by agentruns.admin_runs and agentruns.admin_versions.
+__all__ = ["AgentRunAdmin", "AgentRunEventAdmin", "ConfigurationVersionAdmin"]
 
 # A URL typed without a scheme is read as https (Django 6.0's default; Django 5.2 assumes http
 # and warns). The allowlist (``agentruns.outbound.webhook_target``, run by the model's ``clean``)
@@ -58,6 +60,15 @@ class AgentConfigurationAdmin(admin.ModelAdmin):
     readonly_fields = ["created_at", "updated_at"]
     actions = ["deactivate_and_cancel_waiting"]
     formfield_overrides = HTTPS_URLS
+    # Read-only: every save that changes a pinned setting adds one (agentruns.services.versions).
+    inlines = [ConfigurationVersionInline]
+
+    def save_model(
+        self, request: HttpRequest, obj: AgentConfiguration, form: Any, change: bool
+    ) -> None:
+        """Save, naming the person as the author of the version the save makes (if any)."""
+        obj.changed_by = request.user
+        super().save_model(request, obj, form, change)
 
     @admin.action(
         description="Deactivate, and cancel their runs waiting for a person",

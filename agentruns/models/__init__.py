@@ -2,6 +2,7 @@
 
 - ``choices``: the run vocabulary (status, reason, effect, event kind, …) and its sets;
 - ``configuration``: ``AgentConfiguration``;
+- ``configuration_versions``: ``ConfigurationVersion``, the immutable versions a run pins;
 - ``runs``: ``AgentRun`` and its append-only ``AgentRunEvent`` stream;
 - ``mcp``: ``McpServer``, a registered remote tool server;
 - ``bookkeeping``: ``Counter``, ``NotificationState``, ``SpendDay`` and ``SpendHold``;
@@ -46,6 +47,7 @@ from agentruns.models.bookkeeping import (
     SpendScope,
 )
 from agentruns.models.chat_accounts import SlackUser
+from agentruns.models.configuration_versions import ConfigurationVersion
 # isort: on
 
 __all__ = [
@@ -60,6 +62,7 @@ __all__ = [
     "AgentRun",
     "AgentRunEvent",
     "ApprovalTimeoutAction",
+    "ConfigurationVersion",
     "Counter",
     "Effect",
     "EventKind",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -30,6 +31,11 @@ class AgentRun(models.Model):
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     configuration = models.ForeignKey(
         AgentConfiguration, on_delete=models.PROTECT, related_name="runs"
+    )
+    # The configuration's version the run started with (docs/configuration-versions.md): every
+    # segment, decision and card reads the pinned settings from it. Set at insert (``save``).
+    config_version = models.ForeignKey(
+        "agentruns.ConfigurationVersion", on_delete=models.PROTECT, related_name="runs"
     )
     initiator = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -119,6 +125,16 @@ class AgentRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.uuid} ({self.status})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Insert only (``transitions`` write an existing run): a run inserted without a
+        version pins its configuration's current one (``services.versions``), whoever inserts
+        it."""
+        if self._state.adding and self.config_version_id is None:
+            from agentruns.services.versions import configuration_version_record
+
+            self.config_version = configuration_version_record(configuration=self.configuration)
+        super().save(*args, **kwargs)
 
     @property
     def is_terminal(self) -> bool:

@@ -64,7 +64,13 @@ def expire_overdue(
     settle is its own; the wake-up is sent after it commits).
     """
     overdue = selectors.overdue_waiting_runs().only(
-        "pk", "uuid", "status", "approval_deadline", "approval_timeout_action", "configuration"
+        "pk",
+        "uuid",
+        "status",
+        "approval_deadline",
+        "approval_timeout_action",
+        "configuration",
+        "config_version",
     )[: limit or EXPIRE_LIMIT]
     outcomes: list[DeadlineOutcome] = []
     for run in list(overdue):

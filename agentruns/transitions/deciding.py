@@ -36,6 +36,7 @@ from agentruns.turns import (
     stored_digest,
     with_decision,
 )
+from agentruns.versions import pin
 
 # --- Decisions (read, check and claim under the row lock) ----------------------------------------
 
@@ -43,15 +44,17 @@ from agentruns.turns import (
 def _lock_run(run_uuid: UUID | str) -> AgentRun:
     """The run, locked, with its configuration (and approver group) read in the same statement
     (not locked: ``FOR UPDATE OF`` the run only). A decision's checks read the configuration
-    from here, and an inline continuation gets the row as it stands (no second read)."""
+    from here, and an inline continuation gets the row as it stands (no second read). Its
+    configuration is the version the run pinned (``versions.pin``)."""
     try:
-        return (
+        run = (
             AgentRun.objects.select_for_update(of=("self",))
             .select_related("configuration__approver_group")
             .get(uuid=run_uuid)
         )
     except (AgentRun.DoesNotExist, ValidationError, ValueError) as exc:
         raise RunNotFound() from exc
+    return pin(run)
 
 
 def _check_turn(run: AgentRun, *, expected_status: str, turn_digest: str | None) -> None:
