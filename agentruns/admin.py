@@ -15,7 +15,7 @@ from django.utils.html import format_html, format_html_join
 
 from agentruns import selectors
 from agentruns.admin_runs import AgentRunAdmin, AgentRunEventAdmin
-from agentruns.admin_versions import ConfigurationVersionAdmin, ConfigurationVersionInline
+from agentruns.admin_versions import ConfigurationVersionAdmin, versions_table
 from agentruns.exceptions import LeaseholdError
 from agentruns.jsonview import pretty_json
 from agentruns.models import (
@@ -57,11 +57,15 @@ class AgentConfigurationAdmin(admin.ModelAdmin):
     list_select_related = ["approver_group"]
     search_fields = ["slug", "name"]
     prepopulated_fields = {"slug": ["name"]}
-    readonly_fields = ["created_at", "updated_at"]
+    # Versions: read-only, every save that changes a pinned setting adds one
+    # (agentruns.services.versions).
+    readonly_fields = ["created_at", "updated_at", "versions"]
     actions = ["deactivate_and_cancel_waiting"]
     formfield_overrides = HTTPS_URLS
-    # Read-only: every save that changes a pinned setting adds one (agentruns.services.versions).
-    inlines = [ConfigurationVersionInline]
+
+    @admin.display(description="versions")
+    def versions(self, configuration: AgentConfiguration) -> str:
+        return versions_table(configuration)
 
     def save_model(
         self, request: HttpRequest, obj: AgentConfiguration, form: Any, change: bool

@@ -1,5 +1,5 @@
 """The admin's window on configuration versions (docs/configuration-versions.md): read-only, listed
-inline on their configuration and on their own page, and the diff between two of them.
+on their configuration's page (``versions_table``) and on their own, and the diff between two.
 
 Versions are written only by ``agentruns.services.versions``; nothing here adds, changes or
 deletes one. The diff page checks the view permission on versions per request (the admin site
@@ -9,18 +9,17 @@ the template.
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils.html import format_html
+from django.utils.formats import date_format
+from django.utils.html import format_html, format_html_join
 
 from agentruns import versions
-from agentruns.models import ConfigurationVersion
+from agentruns.models import AgentConfiguration, ConfigurationVersion
 
 
 def diff_url(old: ConfigurationVersion | None, new: ConfigurationVersion) -> str:
@@ -39,39 +38,40 @@ def _previous(version: ConfigurationVersion) -> ConfigurationVersion | None:
     )
 
 
-class ConfigurationVersionInline(admin.TabularInline):
-    """A configuration's versions, newest first, each with its diff against the one before."""
-
-    model = ConfigurationVersion
-    fk_name = "configuration"
-    extra = 0
-    can_delete = False
-    show_change_link = True
-    ordering = ["-number"]
-    fields = readonly_fields = ["label", "created_at", "created_by", "short_hash", "changes"]
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    @admin.display(description="version")
-    def label(self, version: ConfigurationVersion) -> str:
-        return version.label
-
-    @admin.display(description="content hash")
-    def short_hash(self, version: ConfigurationVersion) -> str:
-        return version.content_hash[:12]
-
-    @admin.display(description="changes")
-    def changes(self, version: ConfigurationVersion) -> str:
-        previous = _previous(version)
-        text = f"diff {previous.label} → {version.label}" if previous else "the whole version"
-        return format_html('<a href="{}">{}</a>', diff_url(previous, version), text)
+def versions_table(configuration: AgentConfiguration) -> str:
+    """The configuration's versions, newest first, each with its author, hash and a link to
+    its diff against the one before (an unsaved configuration: none yet)."""
+    if configuration.pk is None:
+        return "—"
+    rows = list(
+        ConfigurationVersion.objects.filter(configuration_id=configuration.pk)
+        .select_related("created_by")
+        .order_by("-number")
+    )
+    older: list[ConfigurationVersion | None] = [*rows[1:], None]
+    body = format_html_join(
+        "",
+        '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td><code>{}</code></td>'
+        '<td><a href="{}">{}</a></td></tr>',
+        (
+            (
+                reverse("admin:agentruns_configurationversion_change", args=[version.pk]),
+                version.label,
+                date_format(version.created_at, "DATETIME_FORMAT"),
+                version.created_by.get_username() if version.created_by else "—",
+                version.content_hash[:12],
+                diff_url(previous, version),
+                f"diff {previous.label} → {version.label}" if previous else "the whole version",
+            )
+            for version, previous in zip(rows, older, strict=True)
+        ),
+    )
+    return format_html(
+        '<table class="lh-versions"><thead><tr><th scope="col">version</th>'
+        '<th scope="col">made</th><th scope="col">by</th><th scope="col">content hash</th>'
+        '<th scope="col">changes</th></tr></thead><tbody>{}</tbody></table>',
+        body,
+    )
 
 
 @admin.register(ConfigurationVersion)
@@ -81,14 +81,15 @@ class ConfigurationVersionAdmin(admin.ModelAdmin):
     list_display = ["configuration", "label", "created_at", "created_by", "short_hash"]
     list_filter = ["configuration"]
     list_select_related = ["configuration", "created_by"]
-    fields = readonly_fields = [
+    fields = ("configuration", "label", "created_at", "created_by", "content_hash", "shown")
+    readonly_fields = (
         "configuration",
         "label",
         "created_at",
         "created_by",
         "content_hash",
         "shown",
-    ]
+    )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

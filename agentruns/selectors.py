@@ -94,7 +94,7 @@ def run_get(*, run_uuid: UUID | str, user: User | None) -> AgentRun:
         return visible_runs(
             user=user,
             queryset=AgentRun.objects.select_related(
-                "configuration__approver_group", "initiator", "escalated_to"
+                "configuration__approver_group", "config_version", "initiator", "escalated_to"
             ),
         ).get(uuid=run_uuid)
     except (AgentRun.DoesNotExist, ValidationError, ValueError):
@@ -251,7 +251,9 @@ def inbox_runs(*, user: User | None, kind: str | None = None) -> QuerySet[AgentR
     return (
         visible_runs(user=user)
         .filter(status__in=statuses)
-        .select_related("configuration__approver_group", "initiator", "escalated_to")
+        .select_related(
+            "configuration__approver_group", "config_version", "initiator", "escalated_to"
+        )
         .order_by("created_at", "pk")
     )
 

@@ -188,14 +188,26 @@ def forget_all() -> None:
         _cache.clear()
 
 
-def pinned_values(version_id: int) -> PinnedValues:
-    """The version ``version_id`` as parsed: from the cache, else read (one query) and kept."""
+def pinned_values(version_id: int, *, loaded: Any = None) -> PinnedValues:
+    """The version ``version_id`` as parsed: from the cache, else from ``loaded`` (the row, read
+    with the run by ``select_related``), else read (one query); then kept."""
     hit = _cache.get(version_id)
     if hit is not None:
         return hit
+    if loaded is not None and loaded.pk == version_id:
+        return remember(loaded)
     from agentruns.models import ConfigurationVersion
 
     return remember(ConfigurationVersion.objects.get(pk=version_id))
+
+
+def _of_run(run: AgentRun) -> PinnedValues:
+    """``run``'s version, from the row read with it when a query selected it."""
+    from agentruns.models import AgentRun
+
+    descriptor = AgentRun.config_version
+    loaded = run.config_version if descriptor.is_cached(run) else None
+    return pinned_values(run.config_version_id, loaded=loaded)
 
 
 # --- What a run sees ----------------------------------------------------------------------------
@@ -211,7 +223,7 @@ def pinned_configuration(run: AgentRun) -> AgentConfiguration:
     shown = live.pinned_version
     if shown is not None and shown.version_id == version_id:
         return live
-    pinned = pinned_values(version_id)
+    pinned = _of_run(run)
     if pinned.configuration_id != live.pk:
         raise UnreadableVersion(f"version {version_id} is not of configuration {live.pk}")
     view = copy.copy(live)
@@ -234,10 +246,19 @@ def pin(run: AgentRun) -> AgentRun:
     return run
 
 
+def pinned_or_live(run: AgentRun) -> AgentConfiguration:
+    """For display: ``pinned_configuration(run)``, or the live row when the version cannot be
+    read (a page never fails on it; the run itself would not run)."""
+    try:
+        return pinned_configuration(run)
+    except Exception:  # display only: never a failed page
+        return run.configuration
+
+
 def version_label(run: AgentRun) -> str:
     """``v3``: the version ``run`` pinned (cached; ``""`` when it cannot be read)."""
     try:
-        return pinned_values(run.config_version_id).label
+        return _of_run(run).label
     except Exception:  # a missing or unreadable row: shown as unknown, never a failed page
         return ""
 

@@ -7,6 +7,7 @@ Status, lease and fence columns are written only by ``agentruns.transitions``; n
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
@@ -23,6 +24,28 @@ from agentruns.models.choices import (
     TerminationReason,
 )
 from agentruns.models.configuration import AgentConfiguration
+
+
+def _pin_versions(runs: Iterable[AgentRun]) -> None:
+    """Pin each run inserted without a version to its configuration's current one
+    (``services.versions``; one read per configuration)."""
+    from agentruns.services.versions import configuration_version_record
+
+    pinned: dict[int, Any] = {}
+    for run in runs:
+        if run.config_version_id is None:
+            key = run.configuration_id
+            if key not in pinned:
+                pinned[key] = configuration_version_record(configuration=run.configuration)
+            run.config_version = pinned[key]
+
+
+class AgentRunQuerySet(models.QuerySet["AgentRun"]):
+    def bulk_create(self, objs: Iterable[AgentRun], *args: Any, **kwargs: Any) -> list[AgentRun]:
+        """As Django's, each run pinned first (``_pin_versions``), as ``AgentRun.save`` does."""
+        objs = list(objs)
+        _pin_versions(objs)
+        return super().bulk_create(objs, *args, **kwargs)
 
 
 class AgentRun(models.Model):
@@ -105,6 +128,8 @@ class AgentRun(models.Model):
     # ``MAX(sequence)`` (docs/design.md §1.8).
     next_sequence = models.PositiveIntegerField(default=0, editable=False)
 
+    objects = AgentRunQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at"]
         indexes = [
@@ -130,10 +155,8 @@ class AgentRun(models.Model):
         """Insert only (``transitions`` write an existing run): a run inserted without a
         version pins its configuration's current one (``services.versions``), whoever inserts
         it."""
-        if self._state.adding and self.config_version_id is None:
-            from agentruns.services.versions import configuration_version_record
-
-            self.config_version = configuration_version_record(configuration=self.configuration)
+        if self._state.adding:
+            _pin_versions([self])
         super().save(*args, **kwargs)
 
     @property
