@@ -36,7 +36,7 @@ from agentruns.turns import (
     stored_digest,
     with_decision,
 )
-from agentruns.versions import pin
+from agentruns.versions import UnreadableVersion, pin
 
 # --- Decisions (read, check and claim under the row lock) ----------------------------------------
 
@@ -54,7 +54,10 @@ def _lock_run(run_uuid: UUID | str) -> AgentRun:
         )
     except (AgentRun.DoesNotExist, ValidationError, ValueError) as exc:
         raise RunNotFound() from exc
-    return pin(run)
+    try:
+        return pin(run)
+    except UnreadableVersion as exc:  # fail closed: nobody can say what would run
+        raise UnreadableState(f"its configuration version cannot be read: {exc}") from exc
 
 
 def _check_turn(run: AgentRun, *, expected_status: str, turn_digest: str | None) -> None:
