@@ -220,7 +220,8 @@ def run_list(
     """The runs ``user`` may see, newest first, optionally narrowed to a status, a configuration
     slug, an initiator."""
     queryset = visible_runs(
-        user=user, queryset=AgentRun.objects.select_related("configuration", "initiator")
+        user=user,
+        queryset=AgentRun.objects.select_related("configuration", "config_version", "initiator"),
     )
     if status:
         queryset = queryset.filter(status=status)

@@ -255,6 +255,14 @@ def pinned_or_live(run: AgentRun) -> AgentConfiguration:
         return run.configuration
 
 
+def version_number(run: AgentRun) -> int:
+    """The number of the version ``run`` pinned (cached; 0 when it cannot be read)."""
+    try:
+        return _of_run(run).number
+    except Exception:  # a missing or unreadable row: shown as unknown, never a failed page
+        return 0
+
+
 def version_label(run: AgentRun) -> str:
     """``v3``: the version ``run`` pinned (cached; ``""`` when it cannot be read)."""
     try:

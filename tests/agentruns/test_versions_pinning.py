@@ -211,3 +211,15 @@ def _view_all() -> list[Any]:
     from django.contrib.auth.models import Permission
 
     return list(Permission.objects.filter(codename="view_all_agentruns"))
+
+
+def test_the_api_names_the_version_the_run_pinned(probes):
+    from tests.agentruns.support.api import client_for
+
+    run, configuration = waiting_run()
+    configuration.system_prompt = "changed"
+    configuration.save()
+    later = runs.run_start_sync(configuration=configuration, prompt="later").run
+    api = client_for(decider(username="api-reader"))
+    assert api.get(f"/api/runs/{run.uuid}/").json()["configuration_version"] == 1
+    assert api.get(f"/api/runs/{later.uuid}/").json()["configuration_version"] == 2
