@@ -122,3 +122,19 @@ def test_the_admin_names_the_author_and_a_version_cannot_be_deleted_under_a_run(
     run = AgentRunFactory(configuration=AgentConfiguration.objects.get(pk=configuration.pk))
     with pytest.raises(ProtectedError):
         run.config_version.delete()
+
+
+def test_a_start_that_died_after_its_version_leaves_the_version_the_next_run_pins():
+    """The gap of an insert outside a transaction (``run_enqueue``): the version is committed,
+    the process dies before the run's INSERT. Nothing is half-made: the next start pins that
+    same version (idempotent on content), and no number is skipped."""
+    configuration = AgentConfigurationFactory(system_prompt="a")
+    AgentConfiguration.objects.filter(pk=configuration.pk).update(system_prompt="b")
+    fresh = AgentConfiguration.objects.get(pk=configuration.pk)
+    orphan = configuration_version_record(configuration=fresh)  # … and the process died here
+    assert not orphan.runs.exists()
+    from agentruns.services import runs
+
+    queued = runs.run_enqueue(configuration=fresh, prompt="again")
+    assert queued.config_version_id == orphan.pk
+    assert numbers(configuration) == [1, 2]
