@@ -38,6 +38,7 @@ from agentruns.providers.base import (
     ProviderReply,
     ToolCall,
 )
+from agentruns.providers.streaming import TextSink
 from agentruns.providers.wire import (
     SDK_STATUS_PREFIX,
     bad_response,
@@ -46,7 +47,6 @@ from agentruns.providers.wire import (
     sanitise,
     status_kind,
 )
-from agentruns.providers.streaming import TextSink
 
 #: ``max_tokens`` when the configuration sets no ``max_output_tokens`` (the API requires one).
 DEFAULT_MAX_OUTPUT_TOKENS = 4096

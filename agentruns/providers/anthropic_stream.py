@@ -130,8 +130,9 @@ def stream_failure(exc: BaseException, *, secret: str | None) -> ProviderError |
     stream the SDK could not accumulate (events out of order, input JSON it cannot parse) as
     ``bad_response``. ``None``: classify it as the plain call's."""
     if isinstance(exc, anthropic.APIStatusError) and exc.status_code < 400:
-        body = exc.body if isinstance(exc.body, dict) else {}
-        error = body.get("error") if isinstance(body.get("error"), dict) else {}
+        body: dict[str, Any] = exc.body if isinstance(exc.body, dict) else {}
+        said_error = body.get("error")
+        error: dict[str, Any] = said_error if isinstance(said_error, dict) else {}
         status = ERROR_STATUS.get(str(error.get("type")), 0)
         kind, retryable = status_kind(status) if status else (ErrorKind.UNKNOWN, False)
         said = error.get("message")

@@ -22,6 +22,7 @@ Free of Django and of any SDK.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -121,9 +122,7 @@ def safe_sink(on_text: TextSink) -> TextSink:
     def send(piece: str) -> None:
         if not piece:
             return
-        try:
+        with contextlib.suppress(Exception):  # the watcher's fault; the answer goes on
             on_text(piece)
-        except Exception:  # noqa: BLE001 — the watcher's problem; the answer goes on
-            pass
 
     return send
