@@ -19,6 +19,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import anthropic
+import httpx2  # the anthropic SDK's HTTP client
 
 from agentruns.providers.base import ErrorKind, ProviderError
 from agentruns.providers.streaming import StreamBounds, TextSink, incomplete, safe_sink
@@ -50,10 +51,18 @@ class EventReader:
         self._bounds = StreamBounds(secret)
         self.inputs: dict[int, list[str]] = {}
         self.blocks = 0
+        self.started = False
         self.stopped = False
 
     def add(self, event: Any) -> None:
         kind = getattr(event, "type", None)
+        if kind == "message_start":
+            self.started = True
+        elif not self.started:  # the SDK passes on what comes before the start untouched
+            raise bad_response(
+                f"The provider's stream was refused: {kind!r:.40} came before message_start",
+                self._secret,
+            )
         if kind == "message_stop":
             self.stopped = True
         elif kind == "content_block_start":
@@ -74,7 +83,7 @@ class EventReader:
         ``tool_use`` block's input parsed whole from its pieces."""
         if not self.stopped:
             raise incomplete("no message_stop")
-        message = final.model_dump(mode="python")
+        message = final.model_dump(mode="python", warnings=False)
         blocks = message.get("content") or []
         cut = message.get("stop_reason") in ("max_tokens", "model_context_window_exceeded")
         for index, block in enumerate(blocks):
@@ -126,9 +135,20 @@ def stream_messages(
 
 def stream_failure(exc: BaseException, *, secret: str | None) -> ProviderError | None:
     """What a streamed call's failure is, when streaming makes it different from a plain
-    call's: an ``error`` event (a status error on a 200 response) by its error type; a
+    call's: the connection failing mid-body (which the SDK does not wrap) as ``connection`` or
+    ``timeout``; an ``error`` event (a status error on a 200 response) by its error type; a
     stream the SDK could not accumulate (events out of order, input JSON it cannot parse) as
     ``bad_response``. ``None``: classify it as the plain call's."""
+    if isinstance(exc, httpx2.TimeoutException):  # the SDK does not wrap a stream's own
+        return ProviderError(
+            "The provider did not answer in time.", kind=ErrorKind.TIMEOUT, retryable=True
+        )
+    if isinstance(exc, httpx2.TransportError):  # e.g. the connection cut mid-body
+        return ProviderError(
+            sanitise(f"The provider's stream broke off: {type(exc).__name__}: {exc}", secret),
+            kind=ErrorKind.CONNECTION,
+            retryable=True,
+        )
     if isinstance(exc, anthropic.APIStatusError) and exc.status_code < 400:
         body: dict[str, Any] = exc.body if isinstance(exc.body, dict) else {}
         said_error = body.get("error")
