@@ -115,7 +115,7 @@ DEFAULTS: dict[str, Any] = {
     # in COST_CURRENCY); empty: no per-user budget. Read by agentruns.budgets.
     "USER_DAILY_BUDGET": "",
     # Whether a provider that streams (openai, anthropic) streams its answers' text to the
-    # playground's live view as the model writes them (docs/design.md §6.7). Only a segment a
+    # playground's live view as the model writes them (docs/design.md §6.8). Only a segment a
     # live view watches streams; nothing of a stream is stored but the answer.
     "STREAM_TOKENS": True,
 }

@@ -1,5 +1,5 @@
 """The live view's tokens: what a streamed model call wrote so far, handed from the segment's
-thread to the response's without ever making the segment wait (docs/design.md §6.7).
+thread to the response's without ever making the segment wait (docs/design.md §6.8).
 
 ``LiveTokens`` is the ``token_stream.TokenWatcher`` of one ``RunStream``. It puts ``TokenBatch``
 items into the stream's queue, in order with the steps: a batch opens with each call

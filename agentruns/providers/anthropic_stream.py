@@ -1,6 +1,6 @@
 """The ``anthropic`` provider, streamed: ``messages.stream`` read event by event, its final
 message read by the same code as the non-streamed call's (``AnthropicProvider._reply``)
-(docs/design.md §6.7).
+(docs/design.md §6.8).
 
 Each ``text_delta`` is handed to ``on_text`` as it arrives. A ``tool_use`` block's input arrives
 as ``input_json_delta`` pieces: they are joined here and parsed whole, strictly, once the answer

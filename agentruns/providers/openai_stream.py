@@ -1,6 +1,6 @@
 """The ``openai`` provider, streamed: ``chat.completions.create(stream=True)`` with
 ``stream_options.include_usage``, its chunks assembled into the completion the non-streamed call
-would have returned and read by the same code (``OpenAIProvider._reply``) (docs/design.md §6.7).
+would have returned and read by the same code (``OpenAIProvider._reply``) (docs/design.md §6.8).
 
 Each chunk's ``delta.content`` is handed to ``on_text`` as it arrives. Tool calls are assembled
 by ``index``: the first id and name sent, the argument text joined; a second, different name for

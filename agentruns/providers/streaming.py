@@ -1,4 +1,4 @@
-"""Streamed model calls: what a provider that streams shares (docs/design.md §6.7).
+"""Streamed model calls: what a provider that streams shares (docs/design.md §6.8).
 
 A provider that can stream has, beside ``complete``, a ``stream`` method taking the same
 arguments and ``on_text``, a callable it hands each piece of the answer's text to as it arrives.

@@ -106,7 +106,7 @@ def _complete(
     (``providers.replies``), or its failure."""
     try:
         return check_reply(
-            token_stream.ask(  # provider.complete, or streamed to a live view (§6.7)
+            token_stream.ask(  # provider.complete, or streamed to a live view (§6.8)
                 provider, messages=list(state.messages), tools=tools, run_uuid=str(seg.run.uuid)
             ),
             tokens_so_far=state.loop.usage.total_tokens,

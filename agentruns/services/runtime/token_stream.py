@@ -1,5 +1,5 @@
 """Tokens while the model writes: a segment's provider call streamed to whoever watches the
-segment, and nothing of it stored (docs/design.md §6.7).
+segment, and nothing of it stored (docs/design.md §6.8).
 
 A watcher (``TokenWatcher``) is attached to the code that runs a segment with ``watching``: the
 playground's live view runs its segments in the web process, in the thread that reads this

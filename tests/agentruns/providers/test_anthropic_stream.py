@@ -156,6 +156,20 @@ def test_an_enormous_delta_is_bad_response(messages_server, provider):
     assert all(len(p) < MAX_CONTENT_CHARS for p in pieces)
 
 
+def test_a_delta_for_a_block_never_started_is_bad_response(messages_server, provider):
+    frames = message_frames(message(text="x"), {})
+    stray = {"type": "text_delta", "text": "nowhere"}
+    frames.insert(
+        2, event("content_block_delta", {"type": "content_block_delta", "index": 7, "delta": stray})
+    )
+    messages_server.stream_raw(frames)
+
+    _, error = streamed(provider)
+
+    assert isinstance(error, ProviderError)
+    assert (error.kind, error.retryable) == (ErrorKind.BAD_RESPONSE, False)
+
+
 def test_events_out_of_order_are_bad_response(messages_server, provider):
     delta = {"type": "text_delta", "text": "before the start"}
     messages_server.stream_raw(
