@@ -5,7 +5,8 @@ message read by the same code as the non-streamed call's (``AnthropicProvider._r
 Each ``text_delta`` is handed to ``on_text`` as it arrives. A ``tool_use`` block's input arrives
 as ``input_json_delta`` pieces: they are joined here and parsed whole, strictly, once the answer
 is complete (the SDK's own snapshot parses them leniently, as partial JSON, so that a truncated
-object would read as a smaller one); input that does not parse as one JSON object is
+object would read as a smaller one; a block sent whole in its ``content_block_start``, without
+pieces, keeps the input it came with); input that does not parse as one JSON object is
 ``bad_response``, except in a last block an answer at ``max_tokens`` cut off (``_reply`` marks
 that call unparsed, as it does the non-streamed one). The answer is complete at
 ``message_stop``: a stream that ends before it is ``connection`` (``streaming.incomplete``). An
@@ -87,13 +88,14 @@ class EventReader:
         blocks = message.get("content") or []
         cut = message.get("stop_reason") in ("max_tokens", "model_context_window_exceeded")
         for index, block in enumerate(blocks):
-            if block.get("type") == "tool_use":
+            # A block whose input came whole in its ``content_block_start`` keeps it.
+            if block.get("type") == "tool_use" and index in self.inputs:
                 last = index == len(blocks) - 1
                 block["input"] = self._input(index, may_be_cut=cut and last)
         return message
 
     def _input(self, index: int, *, may_be_cut: bool) -> Any:
-        text = "".join(self.inputs.get(index, []))
+        text = "".join(self.inputs[index])
         if not text.strip():
             return {}
         try:

@@ -120,6 +120,18 @@ def test_tool_input_that_does_not_assemble_is_bad_response(messages_server, prov
     assert (error.kind, error.retryable) == (ErrorKind.BAD_RESPONSE, False)
 
 
+def test_a_tool_use_sent_whole_in_its_start_keeps_its_input(messages_server, provider):
+    body = message(tool_uses=[{"id": "toolu_w", "name": "list_notes", "input": {"q": "all"}}])
+    frames = [f for f in message_frames(body, {}) if "input_json_delta" not in f]
+    frames = [f.replace('"input": {}', '"input": {"q": "all"}') for f in frames]
+    messages_server.stream_raw(frames)
+
+    _, reply = streamed(provider)
+
+    [call] = reply.tool_calls
+    assert (call.id, call.arguments) == ("toolu_w", {"q": "all"})
+
+
 def test_a_call_cut_off_at_max_tokens_is_unparsed_as_the_plain_call_s(messages_server, provider):
     messages_server.stream_raw(tool_frames('{"title": "ha', stop_reason="max_tokens"))
 
@@ -186,3 +198,12 @@ def test_events_out_of_order_are_bad_response(messages_server, provider):
     assert isinstance(error, ProviderError)
     assert (error.kind, error.retryable) == (ErrorKind.BAD_RESPONSE, False)
     assert "before message_start" in str(error)
+
+
+def test_an_overloaded_529_before_the_stream_is_retried(messages_server, provider):
+    messages_server.overloaded()
+
+    _, error = streamed(provider)
+
+    assert isinstance(error, ProviderError)
+    assert (error.kind, error.retryable, error.status_code) == (ErrorKind.SERVER_ERROR, True, 529)

@@ -154,3 +154,16 @@ def test_a_watcher_that_raises_never_breaks_the_call(chat_server, provider):
     reply = provider.stream(messages=MESSAGES, tools=TOOLS, run_uuid="r", on_text=broken)
 
     assert reply.content == "all of it"
+
+
+def test_an_error_status_before_the_stream_is_classed_as_the_plain_call_s(chat_server, provider):
+    chat_server.fail(429, "slow down")
+    chat_server.fail(401, "bad key")
+
+    _, limited = streamed(provider)
+    _, refused = streamed(provider)
+
+    assert isinstance(limited, ProviderError) and isinstance(refused, ProviderError)
+    assert (limited.kind, limited.retryable) == (ErrorKind.RATE_LIMITED, True)
+    assert (refused.kind, refused.retryable) == (ErrorKind.AUTH, False)
+    assert KEY not in str(limited) + str(refused)
