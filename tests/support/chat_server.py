@@ -9,6 +9,11 @@ test that under-scripts fails fast. Use the ``chat_server`` fixture; ``server.ba
 Hostile answers go out exactly as written: ``reply_raw`` sends a body (text or bytes) as it is,
 and ``raw_completion`` builds a completion from raw JSON fragments, so a test can send what
 Python's ``json`` would never write (``NaN``, ``1e999``, ``"\\u0000"``, ``"\\ud800"``).
+
+A request asking ``"stream": true`` gets a 200 JSON answer as the SDK's stream reads it: chunked
+``text/event-stream`` frames built by ``stream_frames`` (``sse.chat_frames``; the Messages server
+``sse.message_frames``). ``stream_raw`` queues frames sent exactly as given, one by one, with a
+delay between them or the connection cut after some (``drop_after``).
 """
 
 from __future__ import annotations
