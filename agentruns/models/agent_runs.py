@@ -28,12 +28,16 @@ from agentruns.models.configuration import AgentConfiguration
 
 def _pin_versions(runs: Iterable[AgentRun]) -> None:
     """Pin each run inserted without a version to its configuration's current one
-    (``services.versions``; one read per configuration)."""
+    (``services.versions``; one read per configuration), or, given a run's pinned view of a
+    configuration, to the version that view shows."""
     from agentruns.services.versions import configuration_version_record
 
     pinned: dict[int, Any] = {}
     for run in runs:
-        if run.config_version_id is None:
+        shown = run.configuration.pinned_version if run.config_version_id is None else None
+        if shown is not None:  # started from another run's view: that same version
+            run.config_version_id = shown.version_id
+        elif run.config_version_id is None:
             key = run.configuration_id
             if key not in pinned:
                 pinned[key] = configuration_version_record(configuration=run.configuration)

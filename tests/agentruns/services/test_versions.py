@@ -138,3 +138,13 @@ def test_a_start_that_died_after_its_version_leaves_the_version_the_next_run_pin
     queued = runs.run_enqueue(configuration=fresh, prompt="again")
     assert queued.config_version_id == orphan.pk
     assert numbers(configuration) == [1, 2]
+
+
+def test_a_run_inserted_with_another_runs_pinned_view_pins_that_version():
+    first = AgentRunFactory()
+    first.configuration.system_prompt = "edited"
+    first.configuration.save()
+    view = versions.pinned_configuration(AgentRun.objects.get(pk=first.pk))
+    second = AgentRunFactory(configuration=view)
+    assert second.config_version_id == first.config_version_id
+    assert numbers(first.configuration) == [1, 2]
