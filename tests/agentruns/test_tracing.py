@@ -1,4 +1,4 @@
-"""``agentruns.tracing`` (docs/design.md §19): nothing recorded, stored or raised without a tracer
+"""``agentruns.tracing`` (docs/design.md §6.8): nothing recorded, stored or raised without a tracer
 provider or without the package; no content on a span unless ``OTEL_CAPTURE_CONTENT`` is on; a
 run the sampler dropped stays dropped in every later segment; a run born untraced gets a trace
 per segment. The span tree of a whole run is ``test_tracing_span_tree.py``."""
@@ -165,3 +165,19 @@ def spans_later():
     yield start
     for provider in installed:
         uninstall(provider)
+
+
+def test_the_run_span_starts_its_own_trace_linked_to_the_span_current_at_its_start(
+    spans: Spans,
+):
+    from opentelemetry import trace
+
+    with trace.get_tracer("the-host").start_as_current_span("POST /api/runs/") as request:
+        run = run_enqueue(
+            configuration=config(), prompt="go", options={"script": [{"content": "ok"}]}
+        )
+    root = spans.one("leasehold.run")
+    assert root.parent is None
+    assert root.context.trace_id != request.get_span_context().trace_id
+    assert [link.context.span_id for link in root.links] == [request.get_span_context().span_id]
+    assert format(root.context.trace_id, "032x") == run.trace_id
