@@ -52,6 +52,8 @@ except ImportError:  # pragma: no cover - exercised where the extra is not insta
     _otel = None  # type: ignore[assignment]
 
 TRACER_NAME = "leasehold"
+#: The run's columns a span of it reads (a query that loads runs to trace them selects these).
+RUN_FIELDS = ("trace_id", "trace_span_id")
 #: Longest text a content attribute carries (characters); longer is cut and marked.
 CONTENT_LIMIT = 4096
 
@@ -347,8 +349,9 @@ def tool_outcome(
 
 
 def decision(run: Any, *, kind: str, payload: Mapping[str, Any], actor_id: int | None) -> None:
-    """A decision that took effect on ``run`` (approval, input, reconciliation), from its
-    event's ``kind`` and ``payload``: who decided (by id), the mode and the verdict."""
+    """A decision that took effect on ``run`` (approval, input, reconciliation; ``deadline``:
+    the approval deadline's action), from its event's ``kind`` and ``payload``: who decided (by
+    id), the mode and the verdict."""
     if _tracer() is None:
         return
     approved = payload.get("approved")

@@ -181,3 +181,25 @@ def test_the_run_span_starts_its_own_trace_linked_to_the_span_current_at_its_sta
     assert root.context.trace_id != request.get_span_context().trace_id
     assert [link.context.span_id for link in root.links] == [request.get_span_context().span_id]
     assert format(root.context.trace_id, "032x") == run.trace_id
+
+
+def test_a_deadline_that_decides_is_a_decision_span_in_the_runs_trace(probes, spans: Spans):
+    from agentruns.services import reaper
+    from tests.agentruns.support.deadlines import AT_ONCE, waiting_for_approval
+
+    run = waiting_for_approval(timeout=AT_ONCE, action="deny")
+    reaper.reap_stale_runs()
+    run_process_queued(run_uuid=run.uuid)
+
+    root = spans.one("leasehold.run")
+    deadline = spans.one("leasehold.decision")
+    assert deadline.parent is not None and deadline.parent.span_id == root.context.span_id
+    assert deadline.attributes["leasehold.decision.kind"] == "deadline"
+    assert deadline.attributes["leasehold.decision.by"] == "deadline"
+    assert deadline.attributes["leasehold.decision.verdict"] == "deny"
+    assert [
+        s.attributes["leasehold.segment.outcome"] for s in spans.named("leasehold.segment")
+    ] == [
+        Outcome.AWAITING_APPROVAL,
+        Outcome.COMPLETED,
+    ]
