@@ -118,6 +118,10 @@ DEFAULTS: dict[str, Any] = {
     # and answered, tool arguments and results. Off: spans carry names, ids, counts and
     # outcomes only.
     "OTEL_CAPTURE_CONTENT": False,
+    # Whether a provider that streams (openai, anthropic) streams its answers' text to the
+    # playground's live view as the model writes them (docs/design.md §6.8). Only a segment a
+    # live view watches streams; nothing of a stream is stored but the answer.
+    "STREAM_TOKENS": True,
 }
 
 
@@ -151,6 +155,7 @@ class AgentrunsSettings:
     user_daily_budget: Decimal | None
     ledger_key: str
     otel_capture_content: bool
+    stream_tokens: bool
 
 
 PARSERS: dict[str, Parser] = {
@@ -179,6 +184,7 @@ PARSERS: dict[str, Parser] = {
     "USER_DAILY_BUDGET": parse_budget,
     "LEDGER_KEY": parse_text,
     "OTEL_CAPTURE_CONTENT": parse_boolean,
+    "STREAM_TOKENS": parse_boolean,
 }
 
 

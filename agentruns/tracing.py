@@ -1,4 +1,4 @@
-"""OpenTelemetry spans of runs (docs/design.md §6.8; README "Tracing with OpenTelemetry").
+"""OpenTelemetry spans of runs (docs/design.md §6.9; README "Tracing with OpenTelemetry").
 
 The one module that imports ``opentelemetry``, guarded: without the optional ``otel`` extra, or
 with no tracer provider configured (the API's proxy), every function here returns at once and

@@ -1,4 +1,4 @@
-"""``agentruns.tracing`` (docs/design.md §6.8): nothing recorded, stored or raised without a tracer
+"""``agentruns.tracing`` (docs/design.md §6.9): nothing recorded, stored or raised without a tracer
 provider or without the package; no content on a span unless ``OTEL_CAPTURE_CONTENT`` is on; a
 run the sampler dropped stays dropped in every later segment; a run born untraced gets a trace
 per segment. The span tree of a whole run is ``test_tracing_span_tree.py``."""

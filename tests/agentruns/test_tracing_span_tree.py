@@ -1,4 +1,4 @@
-"""The spans of a whole run (agentruns/tracing.py; docs/design.md §6.8), exported by the SDK's
+"""The spans of a whole run (agentruns/tracing.py; docs/design.md §6.9), exported by the SDK's
 in-memory exporter: a run with an approval, a process that dies inside an approved write, the
 reaper's verdict, a person's reconciliation and the continuation are one trace, every segment,
 decision, verdict and in-doubt span a child of the run span stored on the row."""
