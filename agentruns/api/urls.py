@@ -30,7 +30,7 @@ urlpatterns = [
     path("runs/<str:uuid>/cancel/", views.RunCancelView.as_view(), name="run-cancel"),
     path("runs/<str:uuid>/audit/", views.RunAuditView.as_view(), name="run-audit"),
     # Signed by the sender, not a session or token (agentruns.api.events).
-    path("events/<slug:slug>/", events.EventView.as_view(), name="events"),
+    path("events/<str:slug>/", events.EventView.as_view(), name="events"),
     path("schema/", SpectacularAPIView.as_view(**_STAFF), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema", **_STAFF), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api:schema", **_STAFF), name="redoc"),

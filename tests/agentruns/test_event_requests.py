@@ -112,7 +112,7 @@ def test_a_body_that_is_not_an_event_is_refused_naming_the_field(body, field):
 def test_deep_nesting_is_refused_without_a_crash():
     for depth in (er.MAX_EVENT_DEPTH + 1, 100_000):
         body = b'{"id": "e", "data": ' + b"[" * depth + b"]" * depth + b"}"
-        with pytest.raises(InvalidRequest, match="nest|deeper"):
+        with pytest.raises(InvalidRequest, match=r"nest|deeper"):
             er.parse(body)
 
 
