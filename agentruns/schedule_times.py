@@ -9,6 +9,7 @@ never reads or writes the database.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import TypedDict
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterNotAlphaError, croniter
@@ -19,6 +20,16 @@ MIN_INTERVAL_SECONDS = 60
 MAX_INTERVAL_SECONDS = 366 * 24 * 3600
 CRON = "cron"
 INTERVAL = "interval"
+
+
+class Timing(TypedDict):
+    """A schedule's timing, as ``RunSchedule.timing`` gives it."""
+
+    kind: str
+    cron: str
+    interval_seconds: int | None
+    time_zone: str
+
 
 _CRON_ERRORS = (CroniterBadCronError, CroniterBadDateError, CroniterNotAlphaError, ValueError)
 
@@ -58,6 +69,17 @@ def interval_problem(seconds: int | None) -> str | None:
             "(the schedules are looked at once a minute)."
         )
     return None
+
+
+def timing_problem(
+    *, kind: str, cron: str, interval_seconds: int | None, time_zone: str
+) -> str | None:
+    """Why this timing (a ``RunSchedule``'s) cannot be followed, or None."""
+    if kind == CRON:
+        return cron_problem(cron, time_zone)
+    if kind == INTERVAL:
+        return interval_problem(interval_seconds)
+    return f"{kind!r} is neither cron nor interval"
 
 
 def first_due(

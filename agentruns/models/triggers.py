@@ -99,7 +99,7 @@ class RunSchedule(models.Model):
         if errors:
             raise ValidationError(errors)
 
-    def timing(self) -> dict[str, object]:
+    def timing(self) -> schedule_times.Timing:
         """The arguments ``schedule_times`` reads."""
         return {
             "kind": self.kind,

@@ -74,18 +74,23 @@ def schedules_start_due(*, now: datetime | None = None) -> TickResult:
 def schedule_tick(*, schedule: RunSchedule, now: datetime) -> str:
     """Take ``schedule``'s latest due time at or before ``now`` and start its run once.
 
-    Returns ``"timed"`` (its first due time was worked out; nothing started), ``"taken"``
+    Returns ``"timed"`` (its first due time was worked out; nothing started), ``"skipped"``
+    (its timing does not parse: logged, nothing recorded, the other schedules go on), ``"taken"``
     (another pass moved it on first, or its start was recorded already), ``"skipped"`` or
     ``"started"``. A schedule that is not due returns ``"taken"`` too: nothing of it was ours.
     """
     timing = schedule.timing()
+    problem = schedule_times.timing_problem(**timing)
+    if problem is not None:  # a row written around its validation (agentruns.E061)
+        logger.error("schedule %r (%s) cannot be followed: %s", schedule.name, schedule.pk, problem)
+        return "skipped"
     if schedule.next_run_at is None:
-        first = schedule_times.first_due(after=now, **timing)  # type: ignore[arg-type]
+        first = schedule_times.first_due(after=now, **timing)
         return "timed" if _advance(schedule, expected=None, to=first) else "taken"
-    due = schedule_times.latest_due(next_due=schedule.next_run_at, now=now, **timing)  # type: ignore[arg-type]
+    due = schedule_times.latest_due(next_due=schedule.next_run_at, now=now, **timing)
     if due is None:
         return "taken"
-    following = schedule_times.first_due(after=due, **timing)  # type: ignore[arg-type]
+    following = schedule_times.first_due(after=due, **timing)
     with transaction.atomic():
         if not _advance(schedule, expected=schedule.next_run_at, to=following):
             return "taken"

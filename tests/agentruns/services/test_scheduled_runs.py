@@ -182,3 +182,17 @@ def test_django_q2s_scheduler_drives_the_pass_and_a_duplicated_task_starts_one_r
     assert summaries[0].startswith("1 scheduled runs started")
     assert summaries[1].startswith("0 scheduled runs started")
     assert AgentRun.objects.filter(status=Status.QUEUED).count() == 1
+
+
+def test_a_schedule_written_around_its_validation_is_skipped_and_the_others_go_on(caplog):
+    now = timezone.now()
+    broken = schedule(next_run_at=now - timedelta(minutes=1), name="broken")
+    RunSchedule.objects.filter(pk=broken.pk).update(kind="cron", cron="not cron")
+    schedule(
+        configuration=broken.configuration, next_run_at=now - timedelta(minutes=1), name="fine"
+    )
+
+    result = schedules_start_due(now=now)
+
+    assert (result.started, result.skipped) == (1, 1)
+    assert "cannot be followed" in caplog.text
