@@ -16,8 +16,10 @@ from agentruns.exceptions import (
     NotWaiting,
 )
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, ReceivedEvent, Status
+from agentruns.services import events as events_service
 from agentruns.services.events import event_receive
 from agentruns.services.runs import run_process_queued
+from tests.agentruns.support.crashes import ProcessDied
 from tests.agentruns.support.triggers import (
     SECRET,
     SECRET_ENV,
@@ -170,3 +172,19 @@ def test_delivering_input_needs_the_actor_to_decide(monkeypatch):
     with pytest.raises(NotPermitted, match="decide_agentrun"):
         receive({"id": "answer", "correlation_key": "order-42", "input": {"answer": "x"}})
     assert source.pk
+
+
+def test_a_process_dying_after_the_run_was_inserted_leaves_no_event_used(source, monkeypatch):
+    """The worst gap: the run inserted, the process dies before the event is recorded. Both were
+    in one transaction: nothing stays, and the sender's retry starts the one run."""
+
+    def die(*args, **kwargs):
+        raise ProcessDied()
+
+    with monkeypatch.context() as patched:
+        patched.setattr(events_service, "_record", die)
+        with pytest.raises(ProcessDied):
+            receive({"id": "evt-1", "data": {}})
+    assert not AgentRun.objects.exists() and not ReceivedEvent.objects.exists()
+    assert not receive({"id": "evt-1", "data": {}}).replayed
+    assert AgentRun.objects.count() == 1

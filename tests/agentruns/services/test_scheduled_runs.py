@@ -19,6 +19,7 @@ from agentruns.models import AgentRun, RunSchedule, ScheduledStart, StartOutcome
 from agentruns.services import scheduled_runs, schedules
 from agentruns.services.scheduled_runs import schedule_tick, schedules_start_due
 from tests.agentruns.factories import AgentConfigurationFactory
+from tests.agentruns.support.crashes import ProcessDied
 from tests.agentruns.support.triggers import schedule
 
 pytestmark = pytest.mark.django_db
@@ -196,3 +197,24 @@ def test_a_schedule_written_around_its_validation_is_skipped_and_the_others_go_o
 
     assert (result.started, result.skipped) == (1, 1)
     assert "cannot be followed" in caplog.text
+
+
+def test_a_pass_dying_after_it_took_the_tick_leaves_it_for_the_next(monkeypatch):
+    """The worst gap: the due time moved on and its start recorded, and the process dies before
+    the run is inserted. Nothing of it committed: the next pass starts the one run."""
+    now = timezone.now()
+    timed = schedule(next_run_at=now - timedelta(minutes=1))
+
+    def die(**kwargs):
+        raise ProcessDied()
+
+    with monkeypatch.context() as patched:
+        patched.setattr(scheduled_runs.runs, "run_enqueue", die)
+        with pytest.raises(ProcessDied):
+            schedules_start_due(now=now)
+
+    timed.refresh_from_db()
+    assert timed.next_run_at == now - timedelta(minutes=1)
+    assert not ScheduledStart.objects.exists()
+    assert schedules_start_due(now=now).started == 1
+    assert AgentRun.objects.count() == 1
