@@ -73,7 +73,7 @@ def version_one_for_all(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("agentruns", "0024_decide_from_anywhere"),
+        ("agentruns", "0028_schedules_and_events"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

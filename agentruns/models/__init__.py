@@ -6,7 +6,8 @@
 - ``runs``: ``AgentRun`` and its append-only ``AgentRunEvent`` stream;
 - ``mcp``: ``McpServer``, a registered remote tool server;
 - ``bookkeeping``: ``Counter``, ``NotificationState``, ``SpendDay`` and ``SpendHold``;
-- ``chat_accounts``: ``SlackUser``, a Slack user mapped to the account its buttons act as.
+- ``chat_accounts``: ``SlackUser``, a Slack user mapped to the account its buttons act as;
+- ``triggers``: ``RunSchedule`` / ``ScheduledStart`` and ``EventSource`` / ``ReceivedEvent``.
 
 Import from here (``from agentruns.models import AgentRun``): every name is re-exported.
 Status, lease and fence columns are written only by ``agentruns.transitions``; nothing else may
@@ -47,6 +48,15 @@ from agentruns.models.bookkeeping import (
     SpendScope,
 )
 from agentruns.models.chat_accounts import SlackUser
+from agentruns.models.triggers import (
+    EventAction,
+    EventSource,
+    ReceivedEvent,
+    RunSchedule,
+    ScheduledStart,
+    ScheduleKind,
+    StartOutcome,
+)
 from agentruns.models.configuration_versions import ConfigurationVersion
 # isort: on
 
@@ -65,17 +75,24 @@ __all__ = [
     "ConfigurationVersion",
     "Counter",
     "Effect",
+    "EventAction",
     "EventKind",
+    "EventSource",
     "McpServer",
     "McpTransport",
     "NotificationChannel",
     "NotificationState",
     "Provider",
+    "ReceivedEvent",
+    "RunSchedule",
+    "ScheduleKind",
+    "ScheduledStart",
     "Segment",
     "SlackUser",
     "SpendDay",
     "SpendHold",
     "SpendScope",
+    "StartOutcome",
     "Status",
     "TerminationReason",
 ]
