@@ -7,7 +7,8 @@ proposing one tool call, and that call), the median wall time of each, the ratio
 statements Leasehold issued.
 
     .venv/bin/python benchmarks/external_overhead.py
-    DATABASE_URL=postgres://root@127.0.0.1:5432/postgres .venv/bin/python benchmarks/external_overhead.py
+    DATABASE_URL=postgres://root@127.0.0.1:5432/postgres \
+        .venv/bin/python benchmarks/external_overhead.py
 
 With a PostgreSQL ``DATABASE_URL`` it creates (and drops) ``leasehold_bench_external_<pid>`` on
 that server; otherwise it migrates a temporary SQLite file. Workloads: ``read`` (a read: the
