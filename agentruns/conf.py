@@ -114,6 +114,9 @@ DEFAULTS: dict[str, Any] = {
     # Most each initiator's runs may spend per UTC day, all configurations together (a decimal,
     # in COST_CURRENCY); empty: no per-user budget. Read by agentruns.budgets.
     "USER_DAILY_BUDGET": "",
+    # Largest framework state an external agent loop may store with its run (bytes of JSON:
+    # a LangGraph thread id, an Agents SDK RunState); larger is refused (agentruns.external).
+    "EXTERNAL_STATE_MAX_BYTES": 1_048_576,
 }
 
 
@@ -146,6 +149,7 @@ class AgentrunsSettings:
     cost_currency: str
     user_daily_budget: Decimal | None
     ledger_key: str
+    external_state_max_bytes: int
 
 
 PARSERS: dict[str, Parser] = {
@@ -173,6 +177,7 @@ PARSERS: dict[str, Parser] = {
     "COST_CURRENCY": parse_currency,
     "USER_DAILY_BUDGET": parse_budget,
     "LEDGER_KEY": parse_text,
+    "EXTERNAL_STATE_MAX_BYTES": parse_integer(1),
 }
 
 

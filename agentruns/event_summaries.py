@@ -73,6 +73,9 @@ def request(p: RequestPayload) -> str:
 
 def llm(p: LlmPayload) -> str:
     calls = _calls(p.get("tool_calls"))
+    framework = p.get("framework")
+    if calls and isinstance(framework, str) and framework:  # an external loop's (docs/external.md)
+        return f"The model proposed, through {framework}: {calls}"
     if calls:
         return f"The model proposed: {calls}{_cost(p)}"
     content = str(p.get("content") or "")
@@ -153,7 +156,9 @@ def check(p: CheckPayload) -> str:
 
 
 def lease(p: LeasePayload) -> str:
-    return display.lookup(display.LEASE_ACTIONS, p.get("action"))
+    action = display.lookup(display.LEASE_ACTIONS, p.get("action"))
+    framework = p.get("framework")
+    return f"{action} ({framework})" if isinstance(framework, str) and framework else action
 
 
 def reaper(p: ReaperPayload) -> str:
