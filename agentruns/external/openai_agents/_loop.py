@@ -27,6 +27,7 @@ from agents import Agent, RunConfig, Runner, RunState
 from agents.items import ModelResponse
 from agents.lifecycle import RunHooks
 from asgiref.sync import async_to_sync, sync_to_async
+from openai.types.responses import ResponseFunctionToolCall
 
 from agentruns import external
 from agentruns.exceptions import LeaseholdError
@@ -104,7 +105,7 @@ class _Proposals(RunHooks[Any]):
         calls = [
             _tools.proposed(item.call_id, item.name, item.arguments)
             for item in response.output
-            if getattr(item, "type", None) == "function_call"
+            if isinstance(item, ResponseFunctionToolCall)
         ]
         if calls:
             await sync_to_async(self.holding.propose, thread_sensitive=True)(calls)
@@ -266,7 +267,8 @@ def resume_queued(
     results = []
     for run_uuid in external.resumable(framework=FRAMEWORK, limit=limit):
         stored = external.stored_state(run_uuid)
-        agent = by_name.get(stored.get("agent")) if isinstance(stored, dict) else None
+        name = stored.get("agent") if isinstance(stored, dict) else None
+        agent = by_name.get(name) if isinstance(name, str) else None
         if agent is None:
             continue
         try:
