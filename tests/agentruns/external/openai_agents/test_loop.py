@@ -9,7 +9,7 @@ import json
 import pytest
 
 from agentruns.audit import verify
-from agentruns.external import openai_agents
+from agentruns.external import StateTooLarge, openai_agents
 from agentruns.external.openai_agents.scripted import call, say
 from agentruns.models import AgentRun, EventKind, Status
 from agentruns.services.decisions import run_decide
@@ -99,3 +99,42 @@ def test_a_read_passes_without_the_inbox():
     row = AgentRun.objects.get(uuid=result.run_uuid)
     assert row.status == Status.COMPLETED
     assert [e.payload["outcome"] for e in row.events.filter(kind=EventKind.TOOL)] == ["executed"]
+
+
+def test_a_run_state_over_the_limit_is_refused_with_a_clear_error_and_the_run_fails(settings):
+    settings.AGENTRUNS = {**settings.AGENTRUNS, "EXTERNAL_STATE_MAX_BYTES": 2000}
+    with pytest.raises(StateTooLarge, match="EXTERNAL_STATE_MAX_BYTES") as refused:
+        openai_agents.run(
+            agent(save_then_answer()), "note it", configuration=config(tools=TOOL_NAMES)
+        )
+    assert refused.value.code == "external_state_too_large"
+    [row] = AgentRun.objects.all()
+    assert row.status == Status.FAILED
+    assert "EXTERNAL_STATE_MAX_BYTES" in row.error["message"]
+    assert row.external_state == {"agent": "notes", "run_state": None}  # nothing of it stored
+    assert Note.objects.count() == 0
+
+
+def test_an_agent_with_a_tool_leasehold_does_not_guard_is_refused_before_any_run():
+    from agents import function_tool
+
+    @function_tool
+    def unguarded() -> str:
+        """Writes somewhere."""
+        return "wrote"
+
+    notes_agent = agent(save_then_answer())
+    notes_agent.tools.append(unguarded)
+    with pytest.raises(TypeError, match="unguarded"):
+        openai_agents.run(notes_agent, "note it", configuration=config(tools=TOOL_NAMES))
+    assert not AgentRun.objects.exists()
+
+
+def test_a_run_resumed_by_another_agent_fails_without_running_anything():
+    row = waiting_run(agent(save_then_answer()))
+    decide(row, approved=True)
+    [result] = [openai_agents.resume(row.uuid, agent=agent(save_then_answer(), name="other"))]
+    assert result.outcome == openai_agents.FAILED
+    row.refresh_from_db()
+    assert row.status == Status.FAILED and "other" in row.error["message"]
+    assert Note.objects.count() == 0
