@@ -17,6 +17,8 @@ Opening and claiming a run — each returns a ``Holding``, to use as a context m
         Queued runs of ``framework`` (decided, reconciled, released, reclaimed), oldest first.
     stored_state(run_uuid) -> Any
         The framework state stored with a run, read without holding it.
+    recorded(run_uuid, call) -> CallOutcome | None
+        A call's recorded outcome, read without holding the run (a replay of an ended run).
 
 ``Holding`` (one stretch of work under the lease; the ticker renews it every LEASE_SECONDS/3
 while the block runs; leaving the block releases the run to ``queued`` for its framework)::
@@ -79,7 +81,7 @@ from agentruns.external.errors import (
     StateTooLarge,
 )
 from agentruns.external.holding import Holding
-from agentruns.external.runs import hold, open_run, resumable, stored_state
+from agentruns.external.runs import hold, open_run, recorded, resumable, stored_state
 from agentruns.external.values import CallOutcome, Card, ProposedCall, Verdict
 from agentruns.tools import registry, tool
 
@@ -109,6 +111,7 @@ __all__ = [
     "Verdict",
     "hold",
     "open_run",
+    "recorded",
     "register",
     "resumable",
     "stored_state",

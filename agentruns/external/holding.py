@@ -57,6 +57,7 @@ from agentruns.services.runtime.ticker import LeaseTicker
 from agentruns.services.runtime.verdicts import apply_decision
 from agentruns.storable import json_problem, text_problem
 from agentruns.tools.gate import ToolGate
+from agentruns.tools.shown import shown_turn
 from agentruns.transitions.external import run_save_external_state
 from agentruns.turns import Call, LoopState, Turn, read_pending_turn
 
@@ -455,7 +456,8 @@ class Holding:
 
     def _card(self, parked: AgentRun | None) -> Card:
         run = parked if parked is not None else self._reloaded()
-        pending = read_pending_turn(run)
+        # As the inbox's card shows it (each call's tool read now), with the digest it sends.
+        pending = shown_turn(run, read_pending_turn(run), gate=self._seg.gate)
         try:
             path = reverse("approvals:run", kwargs={"run_uuid": run.uuid})
         except NoReverseMatch:
@@ -471,8 +473,7 @@ class Holding:
         )
 
     def _reloaded(self) -> AgentRun:
-        fields = ("uuid", "status", "pending_turn", "pending_call", "pending_effect")
-        return AgentRun.objects.only(*fields).get(pk=self.lease.run_id)
+        return AgentRun.objects.get(pk=self.lease.run_id)
 
     def _stop_ticker(self) -> None:
         if self._ticking:

@@ -8,8 +8,10 @@ from uuid import UUID
 
 from agentruns import transitions
 from agentruns.exceptions import ConfigurationNotFound
+from agentruns.external import _calls
 from agentruns.external.errors import InvalidFramework, NotHoldable
 from agentruns.external.holding import Holding, checked_state
+from agentruns.external.values import CallOutcome, ProposedCall
 from agentruns.identity import execution_identity
 from agentruns.models import AgentConfiguration, AgentRun, Status, TerminationReason
 from agentruns.services._common import User, user_id
@@ -120,3 +122,22 @@ def stored_state(run_uuid: UUID | str) -> Any:
     return (
         AgentRun.objects.filter(uuid=str(run_uuid)).values_list("external_state", flat=True).first()
     )
+
+
+def recorded(run_uuid: UUID | str, call: ProposedCall) -> CallOutcome | None:
+    """What the run recorded for ``call`` (same id, same arguments), read without holding it:
+    how a replay of a thread whose run ended (or is held elsewhere) returns a call's result
+    without running it. ``None``: not recorded — it must not run without a holding."""
+    call = _calls.checked(call)
+    row = AgentRun.objects.filter(uuid=str(run_uuid)).values("pk", "loop_state").first()
+    if row is None:
+        return None
+    try:
+        loop = LoopState.parse(row["loop_state"])
+    except Unreadable:
+        return None
+    call_id, known = _calls.leasehold_id(loop, call)
+    payload = _calls.recorded_payload(row["pk"], call_id) if known else None
+    if payload is None:
+        return None
+    return _calls.outcome_of(payload, run_uuid=run_uuid, call_id=call_id, recorded=True)
