@@ -5,10 +5,10 @@ The same agent, the same scripted model (no network) and the same tool bodies, r
 the same process, alternated run by run so that each pair sees the same machine load:
 
 * ``sdk``: ``Runner.run`` alone, the tools plain ``@function_tool``s;
-* ``leasehold``: ``agentruns.external.openai_agents.run``, the tools ``guard``-ed: the run opened
-  and claimed, each model answer proposed (an ``llm`` event), each call executed through the run
-  (its ``tool`` event; a write fenced: stamp and clear under the owner guard), the lease renewed
-  by the ticker, the run settled.
+* ``leasehold``: ``agentruns.external.openai_agents.start``, the tools made with
+  ``leasehold_tool``: the run opened and claimed, each model answer proposed (an ``llm``
+  event), each call executed through the run (its ``tool`` event; a write fenced: stamp and
+  clear under the owner guard), the lease renewed by the ticker, the run settled.
 
 Workloads, ``CALLS`` calls per run (one per model answer, then a final answer): ``read`` (a read
 tool: passes without approval) and ``write`` (an idempotent write exempt from approval, so it
@@ -76,7 +76,7 @@ def agents_for(workload: str) -> tuple[Any, Any]:
         return "ok"
 
     effect = Effect.READ if workload == "read" else Effect.IDEMPOTENT_WRITE
-    guarded = openai_agents.guard(body, effect=effect, requires_approval=False)
+    guarded = openai_agents.leasehold_tool(body, effect=effect, requires_approval=False)
     plain = Agent(name="bench", tools=[body], model=ScriptedTurns(script(body.name)))
     leased = Agent(name="bench", tools=[guarded], model=ScriptedTurns(script(body.name)))
     return plain, leased
@@ -97,7 +97,7 @@ def time_leasehold(agent: Any, configuration: Any) -> float:
     from agentruns.external import openai_agents
 
     started = time.perf_counter()
-    result = openai_agents.run(agent, "go", configuration=configuration)
+    result = openai_agents.start(agent, prompt="go", configuration=configuration)
     elapsed = time.perf_counter() - started
     assert result.outcome == openai_agents.COMPLETED, result
     return elapsed

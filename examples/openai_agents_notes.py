@@ -79,8 +79,8 @@ def count_notes() -> str:
 
 
 TOOLS = [
-    openai_agents.guard(save_note, effect=Effect.NON_IDEMPOTENT_WRITE),
-    openai_agents.guard(count_notes, effect=Effect.READ),
+    openai_agents.leasehold_tool(save_note, effect=Effect.NON_IDEMPOTENT_WRITE),
+    openai_agents.leasehold_tool(count_notes, effect=Effect.READ),
 ]
 
 MODEL = ScriptedTurns(
@@ -95,7 +95,7 @@ AGENT = Agent(name="notes", instructions="You keep notes.", tools=TOOLS, model=M
 
 def worker() -> None:
     """A worker process: resume every queued run of the notes agent."""
-    for result in openai_agents.resume_queued([AGENT]):
+    for result in openai_agents.resume_all([AGENT]):
         print(f"  worker: run {result.run_uuid[:8]} is {result.outcome}")
 
 
@@ -137,8 +137,11 @@ def main() -> None:
     inbox.force_login(ada)
 
     print("1. Sam asks; the assistant counts the notes (a read: it passes) and wants to save one")
-    started = openai_agents.run(
-        AGENT, "Remind me the plumber comes Tuesday", configuration=configuration, initiator=sam
+    started = openai_agents.start(
+        AGENT,
+        prompt="Remind me the plumber comes Tuesday",
+        configuration=configuration,
+        initiator=sam,
     )
     run_uuid = started.run_uuid
     assert started.outcome == openai_agents.WAITING and started.card is not None

@@ -1,7 +1,7 @@
 """The OpenAI Agents SDK's runner under a Leasehold run's lease: start, pause, resume
 (docs/external.md).
 
-``run`` opens a run and drives ``Runner.run`` while holding its lease; ``resume`` claims a queued
+``start`` opens a run and drives ``Runner.run`` while holding its lease; ``resume`` claims a queued
 run (decided in the inbox, reconciled, or reclaimed by the reaper after its process died) and
 continues it from the ``RunState`` stored with it. Between them the run waits in the inbox: the
 SDK's interruptions are the calls of the run's pending turn, the serialised ``RunState`` is the
@@ -63,7 +63,7 @@ class StoredStateUnreadable(LeaseholdError):
 
 @dataclass(frozen=True)
 class Result:
-    """Where a run stands when ``run`` or ``resume`` returns: ``completed`` (``output``: the
+    """Where a run stands when ``start`` or ``resume`` returns: ``completed`` (``output``: the
     final answer), ``waiting`` (``card``: what a person decides on in the inbox), ``lease_lost``
     (another process holds the run now: this one wrote nothing more) or ``failed``."""
 
@@ -89,7 +89,8 @@ def _checked(agent: Agent[Any]) -> Agent[Any]:
     """Fail closed: every tool of the agent is guarded, and it hands off to nobody."""
     if unguarded := _unguarded(agent):
         raise TypeError(
-            f"every tool must be guarded (agentruns' guard): not {', '.join(unguarded)}"
+            "every tool must be made with agentruns.external.openai_agents.leasehold_tool: "
+            f"not {', '.join(unguarded)}"
         )
     return agent
 
@@ -203,15 +204,15 @@ def _caused_by(exc: BaseException | None, kind: type[BaseException]) -> bool:
     return False
 
 
-def run(
+def start(
     agent: Agent[Any],
-    prompt: str,
     *,
     configuration: Any,
+    prompt: str,
     initiator: User | None = None,
     run_config: RunConfig | None = None,
 ) -> Result:
-    """Start a Leasehold run for ``agent`` (every tool ``guard``-ed) on ``prompt`` under
+    """Start a Leasehold run for ``agent`` (every tool ``leasehold_tool``-ed) on ``prompt`` under
     ``configuration`` (its approver group, four-eyes, deadlines, notifications; its provider is
     never called) and drive it while holding its lease, until it completes or waits in the
     inbox. ``initiator``: who asked (four-eyes: they may deny, not approve)."""
@@ -241,7 +242,7 @@ def _start_of(holding: Holding, agent: Agent[Any]) -> str | RunState[Any, Any]:
 
 
 def resume(
-    run_uuid: UUID | str, *, agent: Agent[Any], run_config: RunConfig | None = None
+    agent: Agent[Any], run_uuid: UUID | str, *, run_config: RunConfig | None = None
 ) -> Result:
     """Claim the queued run ``run_uuid`` (decided in the inbox, reconciled, or reclaimed after
     its process died) and continue ``agent`` from the state stored with it: the inbox's
@@ -258,12 +259,16 @@ def resume(
         return _drive_holding(holding, agent, start, run_config)
 
 
-def resume_queued(
-    agents: Iterable[Agent[Any]], *, limit: int = 100, run_config: RunConfig | None = None
+def resume_all(
+    agents: Agent[Any] | Iterable[Agent[Any]],
+    *,
+    limit: int = 100,
+    run_config: RunConfig | None = None,
 ) -> list[Result]:
     """One worker pass: resume every queued run of this framework whose stored agent is one of
     ``agents`` (by name), oldest first. A run another worker claimed first is skipped."""
-    by_name = {agent.name: agent for agent in agents}
+    listed = [agents] if isinstance(agents, Agent) else list(agents)
+    by_name = {agent.name: agent for agent in listed}
     results = []
     for run_uuid in external.resumable(framework=FRAMEWORK, limit=limit):
         stored = external.stored_state(run_uuid)
@@ -272,7 +277,7 @@ def resume_queued(
         if agent is None:
             continue
         try:
-            results.append(resume(run_uuid, agent=agent, run_config=run_config))
+            results.append(resume(agent, run_uuid, run_config=run_config))
         except (NotHoldable, RunPaused):
             continue
     return results

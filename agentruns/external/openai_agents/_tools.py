@@ -1,4 +1,4 @@
-"""Function tools of the OpenAI Agents SDK under Leasehold: ``guard`` (docs/external.md).
+"""Function tools of the OpenAI Agents SDK under Leasehold: ``leasehold_tool`` (docs/external.md).
 
 A guarded tool is two things with one name. In Leasehold's registry, a ``Tool`` with the SDK
 tool's JSON schema and the effect, approval permission, preview and check its author declares:
@@ -37,7 +37,7 @@ from agentruns.models import Effect
 from agentruns.tools import Tool, ToolContext, registry
 from agentruns.tools.registry import CheckFunc, PreviewFunc
 
-#: Marks an SDK tool made by ``guard``: its Leasehold name.
+#: Marks an SDK tool made by ``leasehold_tool``: its Leasehold name.
 GUARDED_ATTRIBUTE = "__leasehold_tool__"
 
 #: The run a guarded tool is called in (set by ``_loop`` around the SDK's run).
@@ -55,7 +55,7 @@ _leasehold_call: contextvars.ContextVar[ToolContext | None] = contextvars.Contex
 
 
 class NotUnderLeasehold(RuntimeError):
-    """A guarded tool was called outside a Leasehold run (``openai_agents.run`` / ``resume``):
+    """A guarded tool was called outside a Leasehold run (``openai_agents.start`` / ``resume``):
     it runs nothing, since nothing would fence it."""
 
 
@@ -73,7 +73,7 @@ def _holding() -> Holding:
     holding = current_holding.get()
     if holding is None:
         raise NotUnderLeasehold(
-            "a guarded tool runs only inside agentruns.external.openai_agents.run or resume"
+            "a guarded tool runs only inside agentruns.external.openai_agents.start or resume"
         )
     return holding
 
@@ -154,7 +154,7 @@ def _invoke(name: str) -> Callable[[SdkToolContext[Any], str], Awaitable[Any]]:
     return invoke
 
 
-def guard(
+def leasehold_tool(
     tool: FunctionTool,
     *,
     effect: Effect | str,
@@ -171,7 +171,7 @@ def guard(
     key and fencing token. Refused (``ToolDefinitionError``) as ``registry.register`` refuses:
     a name or schema Leasehold does not accept, another tool of that name."""
     if not isinstance(tool, FunctionTool):
-        raise TypeError("guard takes a function tool (agents.function_tool)")
+        raise TypeError("leasehold_tool takes a function tool (agents.function_tool)")
     inner = dataclasses.replace(
         tool, _failure_error_function=None, _use_default_failure_error_function=False
     )

@@ -43,9 +43,9 @@ def sdk_touch_notes() -> str:
 
 TOUCHED: list[bool] = []
 
-SAVE_NOTE = openai_agents.guard(sdk_save_note, effect=Effect.NON_IDEMPOTENT_WRITE)
-COUNT_NOTES = openai_agents.guard(sdk_count_notes, effect=Effect.READ)
-TOUCH_NOTES = openai_agents.guard(
+SAVE_NOTE = openai_agents.leasehold_tool(sdk_save_note, effect=Effect.NON_IDEMPOTENT_WRITE)
+COUNT_NOTES = openai_agents.leasehold_tool(sdk_count_notes, effect=Effect.READ)
+TOUCH_NOTES = openai_agents.leasehold_tool(
     sdk_touch_notes, effect=Effect.IDEMPOTENT_WRITE, requires_approval=False
 )
 TOOL_NAMES = ["sdk_save_note", "sdk_count_notes", "sdk_touch_notes"]

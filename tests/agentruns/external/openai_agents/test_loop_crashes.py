@@ -42,8 +42,8 @@ def _die() -> None:
 
 def test_a_process_killed_mid_write_leaves_it_in_doubt_and_the_reconciled_write_never_runs_again():
     notes_agent = support.agent(support.save_then_answer())
-    started = openai_agents.run(
-        notes_agent, "note the groceries", configuration=config(tools=support.TOOL_NAMES)
+    started = openai_agents.start(
+        notes_agent, prompt="note the groceries", configuration=config(tools=support.TOOL_NAMES)
     )
     row = AgentRun.objects.get(uuid=started.run_uuid)
     run_decide(
@@ -55,7 +55,7 @@ def test_a_process_killed_mid_write_leaves_it_in_doubt_and_the_reconciled_write_
     support.AFTER_WRITE.append(_die)  # the note is inserted, then the process is gone
 
     with pytest.raises(ProcessDied):
-        openai_agents.resume_queued([notes_agent])
+        openai_agents.resume_all([notes_agent])
 
     row.refresh_from_db()
     assert row.status == Status.RUNNING and row.pending_effect == "non_idempotent_write"
@@ -66,7 +66,7 @@ def test_a_process_killed_mid_write_leaves_it_in_doubt_and_the_reconciled_write_
     row.refresh_from_db()
     assert row.status == Status.WAITING_FOR_RECONCILIATION
     assert row.pending_turn["idempotency_key"] == f"{row.uuid}:call_save"
-    assert openai_agents.resume_queued([notes_agent]) == []  # nobody continues it meanwhile
+    assert openai_agents.resume_all([notes_agent]) == []  # nobody continues it meanwhile
 
     run_reconcile(
         run_uuid=row.uuid,
@@ -75,7 +75,7 @@ def test_a_process_killed_mid_write_leaves_it_in_doubt_and_the_reconciled_write_
         turn_digest=shown_turn(row, read_pending_turn(row)).turn_digest,  # the card's
     )
     support.AFTER_WRITE.clear()
-    [result] = openai_agents.resume_queued([notes_agent])
+    [result] = openai_agents.resume_all([notes_agent])
 
     assert result.outcome == openai_agents.COMPLETED
     assert Note.objects.count() == 1  # never run again
@@ -118,7 +118,9 @@ def test_a_lease_taken_over_before_a_write_means_the_write_never_starts():
     model = _TakenOverFirst([[call("sdk_touch_notes", {}, call_id="call_touch")], [say("done")]])
     notes_agent = support.agent([], model=model)
 
-    result = openai_agents.run(notes_agent, "touch", configuration=config(tools=support.TOOL_NAMES))
+    result = openai_agents.start(
+        notes_agent, prompt="touch", configuration=config(tools=support.TOOL_NAMES)
+    )
 
     assert result.outcome == openai_agents.LEASE_LOST
     assert support.TOUCHED == []
