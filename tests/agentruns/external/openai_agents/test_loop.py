@@ -140,3 +140,21 @@ def test_a_run_resumed_by_another_agent_fails_without_running_anything():
     row.refresh_from_db()
     assert row.status == Status.FAILED and "other" in row.error["message"]
     assert Note.objects.count() == 0
+
+
+def test_a_stored_state_changed_after_the_approval_runs_nothing_and_waits_on_a_new_card():
+    notes_agent = agent(save_then_answer())
+    row = waiting_run(notes_agent)
+    decide(row, approved=True)
+    tampered = json.loads(json.dumps(row.external_state).replace("eggs", "caviar"))
+    AgentRun.objects.filter(pk=row.pk).update(external_state=tampered)
+
+    [result] = openai_agents.resume_all([notes_agent])
+
+    assert result.outcome == openai_agents.WAITING
+    assert Note.objects.count() == 0
+    [shown] = result.card.calls
+    assert shown["arguments"] == {"title": "groceries", "body": "caviar"}
+    row.refresh_from_db()
+    assert row.status == Status.WAITING_FOR_APPROVAL
+    assert not row.events.filter(kind=EventKind.TOOL).exists()
