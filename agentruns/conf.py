@@ -117,6 +117,10 @@ DEFAULTS: dict[str, Any] = {
     # Largest framework state an external agent loop may store with its run (bytes of JSON:
     # a LangGraph thread id, an Agents SDK RunState); larger is refused (agentruns.external).
     "EXTERNAL_STATE_MAX_BYTES": 1_048_576,
+    # Whether a provider that streams (openai, anthropic) streams its answers' text to the
+    # playground's live view as the model writes them (docs/design.md §6.8). Only a segment a
+    # live view watches streams; nothing of a stream is stored but the answer.
+    "STREAM_TOKENS": True,
 }
 
 
@@ -150,6 +154,7 @@ class AgentrunsSettings:
     user_daily_budget: Decimal | None
     ledger_key: str
     external_state_max_bytes: int
+    stream_tokens: bool
 
 
 PARSERS: dict[str, Parser] = {
@@ -178,6 +183,7 @@ PARSERS: dict[str, Parser] = {
     "USER_DAILY_BUDGET": parse_budget,
     "LEDGER_KEY": parse_text,
     "EXTERNAL_STATE_MAX_BYTES": parse_integer(1),
+    "STREAM_TOKENS": parse_boolean,
 }
 
 

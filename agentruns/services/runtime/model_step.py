@@ -16,6 +16,7 @@ from agentruns.models import EventKind, Status, TerminationReason
 from agentruns.providers import Provider, ProviderError, ProviderReply
 from agentruns.providers.base import ToolCall
 from agentruns.providers.replies import check_reply
+from agentruns.services.runtime import token_stream
 from agentruns.services.runtime.boundaries import Boundaries
 from agentruns.services.runtime.failures import provider_error, retry_policy, settle_events
 from agentruns.services.runtime.results import Outcome, Stop
@@ -105,8 +106,8 @@ def _complete(
     (``providers.replies``), or its failure."""
     try:
         return check_reply(
-            provider.complete(
-                messages=list(state.messages), tools=tools, run_uuid=str(seg.run.uuid)
+            token_stream.ask(  # provider.complete, or streamed to a live view (§6.8)
+                provider, messages=list(state.messages), tools=tools, run_uuid=str(seg.run.uuid)
             ),
             tokens_so_far=state.loop.usage.total_tokens,
         )
