@@ -74,12 +74,12 @@ def request(p: RequestPayload) -> str:
 def llm(p: LlmPayload) -> str:
     calls = _calls(p.get("tool_calls"))
     framework = p.get("framework")
-    if calls and isinstance(framework, str) and framework:  # an external loop's (docs/external.md)
-        return f"The model proposed, through {framework}: {calls}"
+    # An external loop's model (docs/external.md): named, never priced by Leasehold.
+    via = f", through {framework}" if isinstance(framework, str) and framework else ""
     if calls:
-        return f"The model proposed: {calls}{_cost(p)}"
+        return f"The model proposed{via}: {calls}{_cost(p)}"
     content = str(p.get("content") or "")
-    answered = f"The model answered: {content[:QUOTED]}" if content else "The model answered"
+    answered = f"The model answered{via}: {content[:QUOTED]}" if content else "The model answered"
     return answered + _cost(p)
 
 

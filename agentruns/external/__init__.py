@@ -71,29 +71,56 @@ The loop, in short::
             ...                          # resume the framework from run.state
 """
 
-from agentruns.external.errors import (
-    InvalidFramework,
-    LeaseLost,
-    NotHoldable,
-    RunCancelled,
-    RunPaused,
-    StateNotStorable,
-    StateTooLarge,
-)
-from agentruns.external.holding import Holding
-from agentruns.external.runs import hold, open_run, recorded, resumable, stored_state
-from agentruns.external.values import CallOutcome, Card, ProposedCall, Verdict
-from agentruns.tools import registry, tool
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentruns.external.errors import (
+        InvalidFramework,
+        LeaseLost,
+        NotHoldable,
+        RunCancelled,
+        RunPaused,
+        StateNotStorable,
+        StateTooLarge,
+    )
+    from agentruns.external.holding import Holding
+    from agentruns.external.runs import hold, open_run, recorded, resumable, stored_state
+    from agentruns.external.values import CallOutcome, Card, ProposedCall, Verdict
+    from agentruns.tools import tool
+
+# Loaded on first use (PEP 562), so that the app's ``ready()`` registering this package's system
+# checks (``agentruns.external.checks``) loads neither the runtime nor the transitions.
+_WHERE = {
+    "InvalidFramework": "agentruns.external.errors",
+    "LeaseLost": "agentruns.external.errors",
+    "NotHoldable": "agentruns.external.errors",
+    "RunCancelled": "agentruns.external.errors",
+    "RunPaused": "agentruns.external.errors",
+    "StateNotStorable": "agentruns.external.errors",
+    "StateTooLarge": "agentruns.external.errors",
+    "Holding": "agentruns.external.holding",
+    "hold": "agentruns.external.runs",
+    "open_run": "agentruns.external.runs",
+    "recorded": "agentruns.external.runs",
+    "resumable": "agentruns.external.runs",
+    "stored_state": "agentruns.external.runs",
+    "register": "agentruns.external.runs",
+    "CallOutcome": "agentruns.external.values",
+    "Card": "agentruns.external.values",
+    "ProposedCall": "agentruns.external.values",
+    "Verdict": "agentruns.external.values",
+    "tool": "agentruns.tools",
+}
 
 
-def register(defined: object) -> object:
-    """Register a tool made with ``tool`` in Leasehold's registry (a no-op when the same
-    definition is registered already) and return it."""
-    from agentruns.tools import Tool
-
-    if not isinstance(defined, Tool):
-        raise TypeError("register takes a tool made with agentruns.external.tool")
-    return registry.register(defined)
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentruns.external' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 __all__ = [

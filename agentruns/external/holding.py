@@ -354,9 +354,24 @@ class Holding:
         if (problem := text_problem(output)) is not None:
             raise InvalidRequest(f"the output holds {problem}", field="output")
         self._live()
+        # The framework's final answer, recorded by the settle itself as a native run's is.
+        answer = EventSpec(
+            EventKind.LLM,
+            {
+                "content": output,
+                "tool_calls": [],
+                "usage": {},
+                "model": self.framework,
+                "framework": self.framework,
+            },
+        )
         self._settled(
             self._writer.settle(
-                self._state, Status.COMPLETED, TerminationReason.COMPLETED, output=output
+                self._state,
+                Status.COMPLETED,
+                TerminationReason.COMPLETED,
+                output=output,
+                events=[answer],
             )
         )
 

@@ -16,6 +16,7 @@ from agentruns.identity import execution_identity
 from agentruns.models import AgentConfiguration, AgentRun, Status, TerminationReason
 from agentruns.services._common import User, user_id
 from agentruns.services.runs import build_request
+from agentruns.tools import Tool, registry
 from agentruns.turns import LoopState, Unreadable
 
 FRAMEWORK_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -141,3 +142,9 @@ def recorded(run_uuid: UUID | str, call: ProposedCall) -> CallOutcome | None:
     if payload is None:
         return None
     return _calls.outcome_of(payload, run_uuid=run_uuid, call_id=call_id, recorded=True)
+
+
+def register(defined: Tool) -> Tool:
+    """Register a tool made with ``tool`` (``agentruns.tools.tool``) in Leasehold's registry (a
+    no-op when the same definition is registered already) and return it."""
+    return registry.register(defined)

@@ -117,9 +117,7 @@ def approved_and_held(configuration) -> external.Holding:
 
 def test_a_holding_whose_lease_another_loop_took_raises_before_the_write_and_writes_nothing():
     first = approved_and_held(notes_config())
-    AgentRun.objects.filter(uuid=first.run_uuid).update(
-        lease_expires=Now() - timedelta(seconds=5)
-    )
+    AgentRun.objects.filter(uuid=first.run_uuid).update(lease_expires=Now() - timedelta(seconds=5))
     reaper.reap_stale_runs()
     assert AgentRun.objects.get(uuid=first.run_uuid).status == Status.QUEUED
     with external.hold(first.run_uuid, framework=FRAMEWORK) as second:
@@ -150,7 +148,10 @@ def test_a_worker_never_claims_an_external_run_and_the_reaper_never_wakes_one():
     run_uuid = paused_run(notes_config())
     row = AgentRun.objects.get(uuid=run_uuid)
     run_decide(
-        run_uuid=run_uuid, actor=decider(), approved=True, turn_digest=row.pending_turn["turn_digest"]
+        run_uuid=run_uuid,
+        actor=decider(),
+        approved=True,
+        turn_digest=row.pending_turn["turn_digest"],
     )
     assert run_process_queued(run_uuid=run_uuid) is None
     AgentRun.objects.filter(uuid=run_uuid).update(updated_at=Now() - timedelta(days=1))

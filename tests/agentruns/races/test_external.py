@@ -20,9 +20,11 @@ NOTE = ProposedCall("call-1", "create_note", {"title": "groceries", "body": "egg
 
 def decided_run() -> str:
     configuration = config(tools=["create_note"])
-    with external.open_run(configuration=configuration, prompt="p", framework="race") as run:
-        with pytest.raises(external.RunPaused):
-            run.run_turn([NOTE])
+    with (
+        external.open_run(configuration=configuration, prompt="p", framework="race") as run,
+        pytest.raises(external.RunPaused),
+    ):
+        run.run_turn([NOTE])
     row = AgentRun.objects.get(uuid=run.run_uuid)
     run_decide(
         run_uuid=run.run_uuid,
