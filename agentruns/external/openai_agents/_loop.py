@@ -40,6 +40,7 @@ from agentruns.external import (
     StateNotStorable,
     StateTooLarge,
 )
+from agentruns.external.holding import ENDED, LOST, PAUSED
 from agentruns.external.openai_agents import _tools
 from agentruns.external.values import APPROVED, DENIED, UNDECIDED
 from agentruns.services._common import User
@@ -185,9 +186,9 @@ def _drive_holding(
 
 
 def _after_exception(holding: Holding, exc: Exception) -> Result:
-    if holding.phase == "paused":  # a write went in doubt, or the turn came to wait
+    if holding.phase == PAUSED:  # a write went in doubt, or the turn came to wait
         return Result(holding.run_uuid, WAITING, card=holding.card)
-    if holding.phase in ("lost", "ended") or _caused_by(exc, LeaseLost):
+    if holding.phase in (LOST, ENDED) or _caused_by(exc, LeaseLost):
         logger.warning("run %s: lease lost: %s", holding.run_uuid, exc)
         return Result(holding.run_uuid, LEASE_LOST)
     logger.exception("run %s: the Agents SDK failed", holding.run_uuid)

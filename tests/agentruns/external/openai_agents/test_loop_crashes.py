@@ -19,6 +19,7 @@ from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, EventKind, Status
 from agentruns.services import reaper
 from agentruns.services.decisions import run_decide, run_reconcile
+from agentruns.tools import OutcomeUnknown
 from agentruns.tools.shown import shown_turn
 from agentruns.turns import read_pending_turn
 from playground.models import Note
@@ -130,3 +131,32 @@ def test_a_lease_taken_over_before_a_write_means_the_write_never_starts():
     assert not row.events.filter(kind=EventKind.TOOL).exists()
     report = verify(run_uuid=row.uuid)
     assert report.runs == 1 and not report.broken
+
+
+def _unknown() -> None:
+    raise OutcomeUnknown("the notes service timed out after the insert was sent")
+
+
+def test_a_body_that_cannot_tell_whether_its_write_landed_parks_the_run_in_doubt():
+    notes_agent = support.agent(support.save_then_answer())
+    started = openai_agents.start(
+        notes_agent, prompt="note it", configuration=config(tools=support.TOOL_NAMES)
+    )
+    row = AgentRun.objects.get(uuid=started.run_uuid)
+    run_decide(
+        run_uuid=row.uuid,
+        actor=decider(),
+        approved=True,
+        turn_digest=row.pending_turn["turn_digest"],
+    )
+    support.AFTER_WRITE.append(_unknown)
+
+    [result] = openai_agents.resume_all([notes_agent])
+
+    assert result.outcome == openai_agents.WAITING
+    assert result.card is not None and result.card.kind == "reconciliation"
+    row.refresh_from_db()
+    assert row.status == Status.WAITING_FOR_RECONCILIATION
+    assert "timed out" in row.pending_turn["reason"]
+    assert Note.objects.count() == 1
+    assert not row.events.filter(kind=EventKind.TOOL).exists()  # never told the model it failed
