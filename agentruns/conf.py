@@ -114,13 +114,13 @@ DEFAULTS: dict[str, Any] = {
     # Most each initiator's runs may spend per UTC day, all configurations together (a decimal,
     # in COST_CURRENCY); empty: no per-user budget. Read by agentruns.budgets.
     "USER_DAILY_BUDGET": "",
-    # Largest framework state an external agent loop may store with its run (bytes of JSON:
-    # a LangGraph thread id, an Agents SDK RunState); larger is refused (agentruns.external).
-    "EXTERNAL_STATE_MAX_BYTES": 1_048_576,
     # Whether a provider that streams (openai, anthropic) streams its answers' text to the
     # playground's live view as the model writes them (docs/design.md §6.8). Only a segment a
     # live view watches streams; nothing of a stream is stored but the answer.
     "STREAM_TOKENS": True,
+    # Largest framework state an external agent loop may store with its run (bytes of JSON:
+    # a LangGraph thread id, an Agents SDK RunState); larger is refused (agentruns.external).
+    "EXTERNAL_STATE_MAX_BYTES": 1_048_576,
 }
 
 
@@ -153,8 +153,8 @@ class AgentrunsSettings:
     cost_currency: str
     user_daily_budget: Decimal | None
     ledger_key: str
-    external_state_max_bytes: int
     stream_tokens: bool
+    external_state_max_bytes: int
 
 
 PARSERS: dict[str, Parser] = {
@@ -182,8 +182,8 @@ PARSERS: dict[str, Parser] = {
     "COST_CURRENCY": parse_currency,
     "USER_DAILY_BUDGET": parse_budget,
     "LEDGER_KEY": parse_text,
-    "EXTERNAL_STATE_MAX_BYTES": parse_integer(1),
     "STREAM_TOKENS": parse_boolean,
+    "EXTERNAL_STATE_MAX_BYTES": parse_integer(1),
 }
 
 

@@ -10,7 +10,7 @@ from django.db.models.functions import Now
 
 from agentruns import external
 from agentruns.audit import verify
-from agentruns.exceptions import InvalidRequest
+from agentruns.exceptions import InvalidRequest, SelfApprovalRefused
 from agentruns.external import (
     InvalidFramework,
     LeaseLost,
@@ -24,6 +24,7 @@ from agentruns.external import (
 from agentruns.models import AgentRun, EventKind, Status
 from agentruns.selectors import unclaimed_queued_runs
 from agentruns.services import reaper
+from agentruns.services.deadline_sweep import expire_overdue
 from agentruns.services.decisions import run_decide
 from agentruns.services.runs import run_cancel, run_process_queued
 from playground.models import Note
@@ -209,3 +210,34 @@ def test_the_same_call_id_with_other_arguments_is_another_call():
         assert ran.outcome == "executed" and refused.outcome == "invalid_arguments"
         assert refused.call_id == f"c1~{refused.call_id.split('~')[1]}"
         assert run.execute(first).recorded and run.execute(other).recorded
+
+
+def test_the_approval_deadline_denies_an_external_turn_and_the_framework_reads_that_it_expired():
+    configuration = notes_config(approval_timeout=timedelta(minutes=5), on_approval_timeout="deny")
+    run_uuid = paused_run(configuration)
+    row = AgentRun.objects.get(uuid=run_uuid)
+    assert row.approval_deadline is not None
+    AgentRun.objects.filter(pk=row.pk).update(approval_deadline=Now() - timedelta(seconds=1))
+    assert len(expire_overdue(identity="reaper:test:1")) == 1
+    assert AgentRun.objects.get(pk=row.pk).status == Status.QUEUED
+    with external.hold(run_uuid, framework=FRAMEWORK) as run:
+        assert run.decision is not None and run.decision["by"] == "deadline"
+        [outcome] = run.run_turn([NOTE])
+    assert outcome.outcome == "expired" and Note.objects.count() == 0
+
+
+def test_four_eyes_holds_for_an_external_run_the_initiator_may_deny_not_approve():
+    ana = decider(username="ana")
+    configuration = notes_config(require_second_approver=True)
+    with (
+        external.open_run(
+            configuration=configuration, prompt="p", framework=FRAMEWORK, initiator=ana
+        ) as run,
+        pytest.raises(RunPaused) as paused,
+    ):
+        run.run_turn([NOTE])
+    digest = paused.value.card.turn_digest
+    with pytest.raises(SelfApprovalRefused):
+        run_decide(run_uuid=run.run_uuid, actor=ana, approved=True, turn_digest=digest)
+    run_decide(run_uuid=run.run_uuid, actor=decider(), approved=True, turn_digest=digest)
+    assert AgentRun.objects.get(uuid=run.run_uuid).status == Status.QUEUED
