@@ -105,6 +105,11 @@ class AgentRun(models.Model):
     # ever continues such a run: its external loop claims it again (docs/external.md).
     external_framework = models.CharField(max_length=64, blank=True, default="")
     external_state = models.JSONField(null=True, blank=True)
+    # The run's OpenTelemetry trace (``agentruns.tracing``), written at insert when spans are
+    # recorded: the trace id and the id of the run span every later span of the run is a child
+    # of ("" with a trace id: the sampler dropped the run). Both "": no trace.
+    trace_id = models.CharField(max_length=32, blank=True, default="", editable=False)
+    trace_span_id = models.CharField(max_length=16, blank=True, default="", editable=False)
 
     class Meta:
         ordering = ["-created_at"]
