@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentruns', '0024_decide_from_anywhere'),
+        ('agentruns', '0026_run_trace_id'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
