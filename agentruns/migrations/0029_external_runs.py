@@ -23,7 +23,7 @@ TERMINATION_REASONS = [
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("agentruns", "0024_decide_from_anywhere"),
+        ("agentruns", "0028_schedules_and_events"),
     ]
 
     operations = [
