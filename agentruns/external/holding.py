@@ -173,7 +173,11 @@ class Holding:
             self._stop_ticker()
             self.phase = LOST
             return
-        self.release()
+        try:
+            self.release()
+        except LeaseLost:
+            if exc_type is None:
+                raise  # the caller learns the lease was lost; never hides its own exception
 
     def release(self) -> None:
         """Hand the run back to its framework's queue (``queued``, no claim, the budget

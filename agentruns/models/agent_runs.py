@@ -98,6 +98,11 @@ class AgentRun(models.Model):
     # the same guarded statement or transaction that appends events, so no writer reads
     # ``MAX(sequence)`` (docs/design.md §1.8).
     next_sequence = models.PositiveIntegerField(default=0, editable=False)
+    # The run's OpenTelemetry trace (``agentruns.tracing``), written at insert when spans are
+    # recorded: the trace id and the id of the run span every later span of the run is a child
+    # of ("" with a trace id: the sampler dropped the run). Both "": no trace.
+    trace_id = models.CharField(max_length=32, blank=True, default="", editable=False)
+    trace_span_id = models.CharField(max_length=16, blank=True, default="", editable=False)
     # A run driven by an agent loop outside Leasehold (``agentruns.external``): the framework's
     # name ("langgraph", "openai-agents"; "" for a run Leasehold's own loop drives) and its saved
     # state (a LangGraph thread id, an Agents SDK ``RunState``), opaque to Leasehold and bounded
@@ -105,11 +110,6 @@ class AgentRun(models.Model):
     # ever continues such a run: its external loop claims it again (docs/external.md).
     external_framework = models.CharField(max_length=64, blank=True, default="")
     external_state = models.JSONField(null=True, blank=True)
-    # The run's OpenTelemetry trace (``agentruns.tracing``), written at insert when spans are
-    # recorded: the trace id and the id of the run span every later span of the run is a child
-    # of ("" with a trace id: the sampler dropped the run). Both "": no trace.
-    trace_id = models.CharField(max_length=32, blank=True, default="", editable=False)
-    trace_span_id = models.CharField(max_length=16, blank=True, default="", editable=False)
 
     class Meta:
         ordering = ["-created_at"]
