@@ -5,7 +5,8 @@
 - ``runs``: ``AgentRun`` and its append-only ``AgentRunEvent`` stream;
 - ``mcp``: ``McpServer``, a registered remote tool server;
 - ``bookkeeping``: ``Counter``, ``NotificationState``, ``SpendDay`` and ``SpendHold``;
-- ``chat_accounts``: ``SlackUser``, a Slack user mapped to the account its buttons act as.
+- ``chat_accounts``: ``SlackUser``, a Slack user mapped to the account its buttons act as;
+- ``approval_rules``: ``ApprovalRule`` (standing approvals) and its audit ``ApprovalRuleEvent``.
 
 Import from here (``from agentruns.models import AgentRun``): every name is re-exported.
 Status, lease and fence columns are written only by ``agentruns.transitions``; nothing else may
@@ -46,6 +47,7 @@ from agentruns.models.bookkeeping import (
     SpendScope,
 )
 from agentruns.models.chat_accounts import SlackUser
+from agentruns.models.approval_rules import ApprovalRule, ApprovalRuleEvent, RuleEventKind
 # isort: on
 
 __all__ = [
@@ -59,6 +61,8 @@ __all__ = [
     "AgentConfiguration",
     "AgentRun",
     "AgentRunEvent",
+    "ApprovalRule",
+    "ApprovalRuleEvent",
     "ApprovalTimeoutAction",
     "Counter",
     "Effect",
@@ -68,6 +72,7 @@ __all__ = [
     "NotificationChannel",
     "NotificationState",
     "Provider",
+    "RuleEventKind",
     "Segment",
     "SlackUser",
     "SpendDay",
