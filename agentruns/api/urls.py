@@ -7,7 +7,7 @@ The schema and its docs pages (Swagger UI, Redoc; assets served from our own sta
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from agentruns.api import views
+from agentruns.api import rule_views, views
 
 app_name = "api"
 
@@ -29,6 +29,16 @@ urlpatterns = [
     ),
     path("runs/<str:uuid>/cancel/", views.RunCancelView.as_view(), name="run-cancel"),
     path("runs/<str:uuid>/audit/", views.RunAuditView.as_view(), name="run-audit"),
+    path(
+        "approval-rules/",
+        rule_views.ApprovalRuleViewSet.as_view({"get": "list", "post": "create"}),
+        name="approval-rules",
+    ),
+    path(
+        "approval-rules/<str:uuid>/",
+        rule_views.ApprovalRuleViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
+        name="approval-rule",
+    ),
     path("schema/", SpectacularAPIView.as_view(**_STAFF), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema", **_STAFF), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api:schema", **_STAFF), name="redoc"),

@@ -32,9 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import F, Q, QuerySet
-from django.db.models.functions import Now
 
-from agentruns import transitions
+from agentruns import selectors, transitions
 from agentruns.authority import Decider, self_approval
 from agentruns.exceptions import LeaseholdError
 from agentruns.leases import Decided, EventSpec
@@ -76,15 +75,12 @@ class Covered:
 
 
 def active_rules(configuration: AgentConfiguration, tools: set[str]) -> QuerySet[ApprovalRule]:
-    """Rules of ``configuration`` for ``tools`` that may approve now: not revoked, not expired
-    (database clock), a use left, an author. The guard of every use."""
+    """Rules of ``configuration`` for ``tools`` that may approve now
+    (``selectors.active_rule``: not revoked, not expired by the database clock, a use left, an
+    author). The guard of every use."""
     return ApprovalRule.objects.filter(
-        configuration=configuration,
-        tool__in=sorted(tools),
-        revoked_at__isnull=True,
-        expires_at__gt=Now(),
-        author__isnull=False,
-    ).filter(Q(max_uses__isnull=True) | Q(uses__lt=F("max_uses")))
+        selectors.active_rule(), configuration=configuration, tool__in=sorted(tools)
+    )
 
 
 def arguments_match(rule: ApprovalRule, arguments: Any) -> bool:
