@@ -1,5 +1,6 @@
 """The admin as an operator's window: configurations are edited here, runs and events are read
-(``agentruns.admin_runs``: read-only, only the runs the user may see).
+(``agentruns.admin_runs``: read-only, only the runs the user may see); standing approvals are
+made and revoked in ``agentruns.admin_rules``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from agentruns import selectors
+from agentruns.admin_rules import ApprovalRuleAdmin, ApprovalRuleEventAdmin
 from agentruns.admin_runs import AgentRunAdmin, AgentRunEventAdmin
 from agentruns.exceptions import LeaseholdError
 from agentruns.jsonview import pretty_json
@@ -29,7 +31,8 @@ from agentruns.models import (
 from agentruns.services.mcp_sync import mcp_server_sync
 from agentruns.tools.mcp_tools import read_only_by_operator
 
-__all__ = ["AgentRunAdmin", "AgentRunEventAdmin"]  # registered by agentruns.admin_runs
+# Registered by agentruns.admin_runs and agentruns.admin_rules.
+__all__ = ["AgentRunAdmin", "AgentRunEventAdmin", "ApprovalRuleAdmin", "ApprovalRuleEventAdmin"]
 
 # A URL typed without a scheme is read as https (Django 6.0's default; Django 5.2 assumes http
 # and warns). The allowlist (``agentruns.outbound.webhook_target``, run by the model's ``clean``)

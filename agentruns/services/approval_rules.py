@@ -120,6 +120,36 @@ def _event(rule: ApprovalRule, kind: str, actor: Any, **fields: Any) -> Approval
     )
 
 
+def approval_rule_check(
+    *,
+    actor: User,
+    configuration: Any,
+    tool: Any,
+    arguments_schema: Any,
+    expires_at: Any,
+    max_uses: Any = None,
+) -> tuple[ApprovalRule, Authority]:
+    """What ``approval_rule_create`` checks, writing nothing: the rule it would make (unsaved)
+    and the authority its author holds; the same refusals (the admin's form shows them)."""
+    config = _configuration(configuration)
+    tool = _checked_tool(config, tool)
+    schema = _checked_schema(arguments_schema)
+    expiry = _checked_expiry(expires_at)
+    uses = _checked_uses(max_uses)
+    authority = rule_authority(user=Decider.afresh(actor), configuration=config, tool=tool)
+    if not authority.allowed:
+        raise NotPermitted(f"making this rule: {authority.refusal}")
+    rule = ApprovalRule(
+        configuration=config,
+        tool=tool,
+        arguments_schema=schema,
+        author_id=actor.pk,
+        expires_at=expiry,
+        max_uses=uses,
+    )
+    return rule, authority
+
+
 def approval_rule_create(
     *,
     actor: User,
@@ -137,23 +167,16 @@ def approval_rule_create(
     configuration, a tool it does not offer, a schema the bounded checker refuses, an expiry in
     the past or too far, uses out of range); ``NotPermitted`` naming what approving the tool's
     calls needs and ``actor`` lacks (read afresh)."""
-    config = _configuration(configuration)
-    tool = _checked_tool(config, tool)
-    schema = _checked_schema(arguments_schema)
-    expiry = _checked_expiry(expires_at)
-    uses = _checked_uses(max_uses)
-    authority = rule_authority(user=Decider.afresh(actor), configuration=config, tool=tool)
-    if not authority.allowed:
-        raise NotPermitted(f"making this rule: {authority.refusal}")
+    rule, authority = approval_rule_check(
+        actor=actor,
+        configuration=configuration,
+        tool=tool,
+        arguments_schema=arguments_schema,
+        expires_at=expires_at,
+        max_uses=max_uses,
+    )
     with transaction.atomic():
-        rule = ApprovalRule.objects.create(
-            configuration=config,
-            tool=tool,
-            arguments_schema=schema,
-            author_id=actor.pk,
-            expires_at=expiry,
-            max_uses=uses,
-        )
+        rule.save()
         _event(
             rule,
             RuleEventKind.CREATED,
