@@ -36,8 +36,8 @@ class ApprovalRuleForm(forms.ModelForm):
 
     request: HttpRequest | None = None
 
-    def clean(self) -> dict[str, Any]:
-        data = super().clean()
+    def clean(self) -> dict[str, Any] | None:
+        data = super().clean() or {}
         if self.errors or self.request is None:
             return data
         try:
@@ -97,7 +97,7 @@ class ApprovalRuleAdmin(_DecidersOnly):
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any):
         form = super().get_form(request, obj, change=change, **kwargs)
-        form.request = request  # the service checks as this user
+        form.request = request  # type: ignore[attr-defined]  # the service checks as this user
         return form
 
     def save_model(self, request: HttpRequest, obj: ApprovalRule, form: Any, change: bool) -> None:
