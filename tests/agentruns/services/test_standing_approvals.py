@@ -13,6 +13,7 @@ from django.contrib.auth.models import Permission
 from django.db.models.functions import Now
 
 from agentruns import transitions
+from agentruns.event_summaries import summarise
 from agentruns.models import (
     AgentRun,
     AgentRunEvent,
@@ -72,6 +73,9 @@ def test_a_matching_call_is_approved_by_the_rules_author_and_never_waits(probes)
     assert approval["turn_digest"]
     event = AgentRunEvent.objects.get(run=result.run, kind=EventKind.APPROVAL)
     assert event.actor_id == alice.pk
+    assert summarise(event.kind, event.payload) == (
+        "Approved by standing approval of alice: probe_write"
+    )
     # The answer proposing the turn, then at once the approval: no wait in between.
     assert kinds(result.run)[:4] == ["lease", "request", "llm", "approval"]
     assert uses(rule) == 1
