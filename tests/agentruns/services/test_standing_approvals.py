@@ -325,3 +325,19 @@ def test_dying_after_the_commit_continues_from_the_recorded_approval(probes, mon
     assert result is not None and result.run.status == Status.COMPLETED
     assert [s["tool"] for s in probes.seen] == ["probe_write"]
     assert uses(rule) == 1 and len(approval_events(run)) == 1
+
+
+def test_an_author_outside_the_approver_group_approves_nothing(probes):
+    from django.contrib.auth.models import Group
+
+    group = Group.objects.create(name="deployers")
+    configuration = config(approver_group=group)
+    alice = author()
+    alice.groups.add(group)
+    rule = make_rule(configuration, by=alice)
+    assert start(configuration).outcome == Outcome.COMPLETED
+
+    alice.groups.remove(group)
+
+    assert start(configuration).outcome == Outcome.AWAITING_APPROVAL
+    assert uses(rule) == 1
