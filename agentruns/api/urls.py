@@ -7,7 +7,7 @@ The schema and its docs pages (Swagger UI, Redoc; assets served from our own sta
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from agentruns.api import rule_views, views
+from agentruns.api import events, rule_views, views
 
 app_name = "api"
 
@@ -39,6 +39,8 @@ urlpatterns = [
         rule_views.ApprovalRuleViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
         name="approval-rule",
     ),
+    # Signed by the sender, not a session or token (agentruns.api.events).
+    path("events/<str:slug>/", events.EventView.as_view(), name="events"),
     path("schema/", SpectacularAPIView.as_view(**_STAFF), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema", **_STAFF), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api:schema", **_STAFF), name="redoc"),

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentruns', '0024_decide_from_anywhere'),
+        ('agentruns', '0028_schedules_and_events'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -6,6 +6,7 @@
 - ``mcp``: ``McpServer``, a registered remote tool server;
 - ``bookkeeping``: ``Counter``, ``NotificationState``, ``SpendDay`` and ``SpendHold``;
 - ``chat_accounts``: ``SlackUser``, a Slack user mapped to the account its buttons act as;
+- ``triggers``: ``RunSchedule`` / ``ScheduledStart`` and ``EventSource`` / ``ReceivedEvent``;
 - ``approval_rules``: ``ApprovalRule`` (standing approvals) and its audit ``ApprovalRuleEvent``.
 
 Import from here (``from agentruns.models import AgentRun``): every name is re-exported.
@@ -47,6 +48,15 @@ from agentruns.models.bookkeeping import (
     SpendScope,
 )
 from agentruns.models.chat_accounts import SlackUser
+from agentruns.models.triggers import (
+    EventAction,
+    EventSource,
+    ReceivedEvent,
+    RunSchedule,
+    ScheduledStart,
+    ScheduleKind,
+    StartOutcome,
+)
 from agentruns.models.approval_rules import ApprovalRule, ApprovalRuleEvent, RuleEventKind
 # isort: on
 
@@ -66,18 +76,25 @@ __all__ = [
     "ApprovalTimeoutAction",
     "Counter",
     "Effect",
+    "EventAction",
     "EventKind",
+    "EventSource",
     "McpServer",
     "McpTransport",
     "NotificationChannel",
     "NotificationState",
     "Provider",
     "RuleEventKind",
+    "ReceivedEvent",
+    "RunSchedule",
+    "ScheduleKind",
+    "ScheduledStart",
     "Segment",
     "SlackUser",
     "SpendDay",
     "SpendHold",
     "SpendScope",
+    "StartOutcome",
     "Status",
     "TerminationReason",
 ]
