@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentruns', '0028_schedules_and_events'),
+        ('agentruns', '0029_external_runs'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
