@@ -110,9 +110,18 @@ class ToolPayload(TypedDict, total=False):
     edit: EditPayload  # ran with arguments a person edited (``arguments`` holds them)
 
 
+class RuleRef(TypedDict, total=False):
+    """A standing approval that approved calls of a turn (``services.standing_approvals``)."""
+
+    rule: str  # its uuid
+    author: str | None
+    call_ids: list[str]
+
+
 class ApprovalPayload(TypedDict, total=False):
-    """``approval``: a person's decision (``services.decisions.run_approve``) or the deadline's
-    (``transitions.deadlines``, ``by: "deadline"`` with ``action`` and ``deadline``)."""
+    """``approval``: a person's decision (``services.decisions.run_approve``), the deadline's
+    (``transitions.deadlines``, ``by: "deadline"`` with ``action`` and ``deadline``) or standing
+    approvals' (``services.standing_approvals``, ``by: "rule"`` with ``rules``)."""
 
     approved: bool
     turn_digest: str | None
@@ -123,9 +132,10 @@ class ApprovalPayload(TypedDict, total=False):
     per_call: bool  # a verdict per call (each in ``calls``)
     reason: str  # a whole-turn denial's reason
     editor: str  # the decision edited a call: who
-    by: str
+    by: str  # "deadline", or "rule": approved by standing approvals (``rules``)
     deadline: str | None
     action: str  # a key of ``display.DEADLINE_OUTCOMES``
+    rules: list[RuleRef]  # by "rule": each rule, its author and the calls it approved
 
 
 class InputPayload(TypedDict, total=False):

@@ -119,6 +119,12 @@ def approval(p: ApprovalPayload) -> str:
             for v in approval_verdicts(p)
         )
         return f"Decided per call: {each}"
+    if p.get("by") == "rule":
+        rules = p.get("rules")
+        listed = rules if isinstance(rules, list) else []
+        authors = sorted({str(r.get("author") or "?") for r in listed if isinstance(r, dict)})
+        shown = f": {calls}" if calls else ""
+        return f"Approved by standing approval of {', '.join(authors) or '?'}{shown}"
     verdict = "Approved" if p.get("approved") else "Denied"
     reason = p.get("reason")
     said = f" (reason: {reason[:QUOTED]})" if isinstance(reason, str) and reason else ""

@@ -6,7 +6,8 @@
 - ``mcp``: ``McpServer``, a registered remote tool server;
 - ``bookkeeping``: ``Counter``, ``NotificationState``, ``SpendDay`` and ``SpendHold``;
 - ``chat_accounts``: ``SlackUser``, a Slack user mapped to the account its buttons act as;
-- ``triggers``: ``RunSchedule`` / ``ScheduledStart`` and ``EventSource`` / ``ReceivedEvent``.
+- ``triggers``: ``RunSchedule`` / ``ScheduledStart`` and ``EventSource`` / ``ReceivedEvent``;
+- ``approval_rules``: ``ApprovalRule`` (standing approvals) and its audit ``ApprovalRuleEvent``.
 
 Import from here (``from agentruns.models import AgentRun``): every name is re-exported.
 Status, lease and fence columns are written only by ``agentruns.transitions``; nothing else may
@@ -56,6 +57,7 @@ from agentruns.models.triggers import (
     ScheduleKind,
     StartOutcome,
 )
+from agentruns.models.approval_rules import ApprovalRule, ApprovalRuleEvent, RuleEventKind
 # isort: on
 
 __all__ = [
@@ -69,6 +71,8 @@ __all__ = [
     "AgentConfiguration",
     "AgentRun",
     "AgentRunEvent",
+    "ApprovalRule",
+    "ApprovalRuleEvent",
     "ApprovalTimeoutAction",
     "Counter",
     "Effect",
@@ -81,6 +85,7 @@ __all__ = [
     "NotificationState",
     "Provider",
     "ReceivedEvent",
+    "RuleEventKind",
     "RunSchedule",
     "ScheduleKind",
     "ScheduledStart",
