@@ -1,5 +1,6 @@
 """The admin as an operator's window: configurations are edited here, runs and events are read
-(``agentruns.admin_runs``: read-only, only the runs the user may see).
+(``agentruns.admin_runs``: read-only, only the runs the user may see); standing approvals are
+made and revoked in ``agentruns.admin_rules``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from agentruns import selectors
+from agentruns.admin_rules import ApprovalRuleAdmin, ApprovalRuleEventAdmin
 from agentruns.admin_runs import AgentRunAdmin, AgentRunEventAdmin
 from agentruns.admin_triggers import EventSourceAdmin, RunScheduleAdmin
 from agentruns.admin_versions import ConfigurationVersionAdmin, versions_table
@@ -31,10 +33,12 @@ from agentruns.models import (
 from agentruns.services.mcp_sync import mcp_server_sync
 from agentruns.tools.mcp_tools import read_only_by_operator
 
-# Registered by agentruns.admin_runs, agentruns.admin_versions and agentruns.admin_triggers.
+# Registered by agentruns.admin_runs, admin_rules, admin_triggers and admin_versions.
 __all__ = [
     "AgentRunAdmin",
     "AgentRunEventAdmin",
+    "ApprovalRuleAdmin",
+    "ApprovalRuleEventAdmin",
     "ConfigurationVersionAdmin",
     "EventSourceAdmin",
     "RunScheduleAdmin",

@@ -84,6 +84,7 @@ class LlmPayload(TypedDict, total=False):
     normalised: list[str]  # what ``providers.replies`` normalised before storing it
     cost: str  # a decimal string, when the configuration is priced
     usage_unknown: bool  # the provider reported no usage (charged 0)
+    framework: str  # the calls an external agent loop proposed (``agentruns.external``)
 
 
 class ToolPayload(TypedDict, total=False):
@@ -109,9 +110,18 @@ class ToolPayload(TypedDict, total=False):
     edit: EditPayload  # ran with arguments a person edited (``arguments`` holds them)
 
 
+class RuleRef(TypedDict, total=False):
+    """A standing approval that approved calls of a turn (``services.standing_approvals``)."""
+
+    rule: str  # its uuid
+    author: str | None
+    call_ids: list[str]
+
+
 class ApprovalPayload(TypedDict, total=False):
-    """``approval``: a person's decision (``services.decisions.run_approve``) or the deadline's
-    (``transitions.deadlines``, ``by: "deadline"`` with ``action`` and ``deadline``)."""
+    """``approval``: a person's decision (``services.decisions.run_approve``), the deadline's
+    (``transitions.deadlines``, ``by: "deadline"`` with ``action`` and ``deadline``) or standing
+    approvals' (``services.standing_approvals``, ``by: "rule"`` with ``rules``)."""
 
     approved: bool
     turn_digest: str | None
@@ -122,9 +132,10 @@ class ApprovalPayload(TypedDict, total=False):
     per_call: bool  # a verdict per call (each in ``calls``)
     reason: str  # a whole-turn denial's reason
     editor: str  # the decision edited a call: who
-    by: str
+    by: str  # "deadline", or "rule": approved by standing approvals (``rules``)
     deadline: str | None
     action: str  # a key of ``display.DEADLINE_OUTCOMES``
+    rules: list[RuleRef]  # by "rule": each rule, its author and the calls it approved
 
 
 class InputPayload(TypedDict, total=False):
@@ -167,6 +178,7 @@ class LeasePayload(TypedDict, total=False):
     abandon (``transitions.endings.run_abandon``)."""
 
     action: str  # a key of ``display.LEASE_ACTIONS``
+    framework: str  # the external agent loop's framework (``agentruns.external``)
     retry_in_seconds: float
     error: ErrorPayload
     note: str

@@ -50,6 +50,13 @@ class RunNotFound(LeaseholdError):
     status = 404
 
 
+class RuleNotFound(LeaseholdError):
+    """No such standing approval."""
+
+    code = "rule_not_found"
+    status = 404
+
+
 class AmbiguousRunId(LeaseholdError):
     """More than one run starts with that id: give more of it."""
 

@@ -18,7 +18,7 @@ from uuid import UUID
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import ValidationError
-from django.db.models import Count, DateTimeField, ExpressionWrapper, Q, QuerySet, Value
+from django.db.models import Count, DateTimeField, ExpressionWrapper, F, Q, QuerySet, Value
 from django.db.models.functions import Now
 
 from agentruns.attribution import Attribution, attribute_runs
@@ -30,6 +30,7 @@ from agentruns.models import (
     AgentConfiguration,
     AgentRun,
     AgentRunEvent,
+    ApprovalRule,
     EventKind,
     Status,
 )
@@ -201,13 +202,14 @@ def unclaimed_queued_runs(*, older_than_seconds: float) -> QuerySet[AgentRun]:
 
     Served by the ``(status, created_at)`` index's leading column; ``updated_at`` is bumped by
     every transition (and by each redispatch), so a run is redispatched at most once per period.
+    A run an external agent loop drives is not one: no worker would claim it (docs/external.md).
     """
     cutoff = ExpressionWrapper(
         Now() - Value(timedelta(seconds=older_than_seconds)), output_field=DateTimeField()
     )
-    return AgentRun.objects.filter(status=Status.QUEUED, updated_at__lt=cutoff).order_by(
-        "updated_at", "pk"
-    )
+    return AgentRun.objects.filter(
+        status=Status.QUEUED, updated_at__lt=cutoff, external_framework=""
+    ).order_by("updated_at", "pk")
 
 
 def run_list(
@@ -306,3 +308,23 @@ def waiting_runs_of(*, configurations: QuerySet[AgentConfiguration]) -> list[UUI
             configuration__in=configurations, status__in=WAITING_STATUSES
         ).values_list("uuid", flat=True)
     )
+
+
+# --- Standing approvals (docs/standing_approvals.md) -------------------------------------------
+
+
+def active_rule() -> Q:
+    """A rule that may approve now: not revoked, not expired by the database clock, a use left
+    and an author. The guard of every use (``services.standing_approvals``)."""
+    return Q(revoked_at__isnull=True, expires_at__gt=Now(), author__isnull=False) & (
+        Q(max_uses__isnull=True) | Q(uses__lt=F("max_uses"))
+    )
+
+
+def approval_rules(*, active: bool | None = None) -> QuerySet[ApprovalRule]:
+    """Standing approvals, newest first, with their configuration and people; ``active``: only
+    those that may approve now (``True``) or only the others (``False``)."""
+    rules = ApprovalRule.objects.select_related("configuration", "author", "revoked_by")
+    if active is not None:
+        rules = rules.filter(active_rule()) if active else rules.exclude(active_rule())
+    return rules.order_by("-created_at", "-id")

@@ -47,6 +47,7 @@ from approvals.forms import COMPACT, CancelForm
 
 INBOX_PAGE_SIZE = 20
 RECENT_PAGE_SIZE = 50
+RULES_SHOWN = 50
 
 View = Callable[..., HttpResponseBase]
 
@@ -124,6 +125,8 @@ def inbox_page(
                 c.kind == APPROVAL and c.authority and c.authority.may_decide for c in cards if c
             ),
             counts=selectors.inbox_counts(user=request.user),
+            # Standing approvals, read-only (made and revoked in the admin and the API).
+            rules=list(selectors.approval_rules(active=True)[:RULES_SHOWN]),
             kind=kind,
             compact=compact,
             view_query="&view=compact" if compact else "",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from django.utils.safestring import SafeString
 
-from agentruns.dashboard import series, svg
+from agentruns.dashboard import rule_series, series, svg
 from agentruns.dashboard.series import ChartData, Window
 
 
@@ -94,12 +94,24 @@ WAITING_NOW = Chart(
     build=series.waiting_now_by_age,
 )
 
+AUTO_APPROVALS = Chart(
+    slug="auto-approvals",
+    title="Auto-approvals per standing approval, last 14 days",
+    description=(
+        "The turns each standing approval approved without a person waiting, and the calls "
+        "they held (the ten rules that approved most)."
+    ),
+    kind="bar",
+    build=rule_series.auto_approvals_per_rule,
+)
+
 CHARTS: list[Chart] = [
     RUNS_PER_HOUR,
     APPROVAL_WAIT,
     REAPER_VERDICTS,
     COST_PER_CONFIGURATION,
     WAITING_NOW,
+    AUTO_APPROVALS,
 ]
 
 

@@ -73,7 +73,7 @@ def version_one_for_all(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("agentruns", "0028_schedules_and_events"),
+        ("agentruns", "0030_standing_approvals"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

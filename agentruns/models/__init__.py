@@ -7,7 +7,8 @@
 - ``mcp``: ``McpServer``, a registered remote tool server;
 - ``bookkeeping``: ``Counter``, ``NotificationState``, ``SpendDay`` and ``SpendHold``;
 - ``chat_accounts``: ``SlackUser``, a Slack user mapped to the account its buttons act as;
-- ``triggers``: ``RunSchedule`` / ``ScheduledStart`` and ``EventSource`` / ``ReceivedEvent``.
+- ``triggers``: ``RunSchedule`` / ``ScheduledStart`` and ``EventSource`` / ``ReceivedEvent``;
+- ``approval_rules``: ``ApprovalRule`` (standing approvals) and its audit ``ApprovalRuleEvent``.
 
 Import from here (``from agentruns.models import AgentRun``): every name is re-exported.
 Status, lease and fence columns are written only by ``agentruns.transitions``; nothing else may
@@ -57,6 +58,7 @@ from agentruns.models.triggers import (
     ScheduleKind,
     StartOutcome,
 )
+from agentruns.models.approval_rules import ApprovalRule, ApprovalRuleEvent, RuleEventKind
 from agentruns.models.configuration_versions import ConfigurationVersion
 # isort: on
 
@@ -71,6 +73,8 @@ __all__ = [
     "AgentConfiguration",
     "AgentRun",
     "AgentRunEvent",
+    "ApprovalRule",
+    "ApprovalRuleEvent",
     "ApprovalTimeoutAction",
     "ConfigurationVersion",
     "Counter",
@@ -84,6 +88,7 @@ __all__ = [
     "NotificationState",
     "Provider",
     "ReceivedEvent",
+    "RuleEventKind",
     "RunSchedule",
     "ScheduleKind",
     "ScheduledStart",

@@ -207,6 +207,37 @@ def check_schema(schema: Any, *, what: str) -> None:
         )
 
 
+def check_matching_schema(schema: Any, *, what: str) -> None:
+    """Raise ``InvalidSchema`` unless ``schema`` is a JSON schema object Leasehold can apply to
+    a value in bounded time (a standing approval's ``arguments_schema``: any keywords, no
+    ``"type": "object"`` needed): no larger than a tool's arguments may be
+    (``size_problem``), every pattern compiles with RE2 and the walk is bounded
+    (``patterns.schema_problem``), valid against its draft's metaschema, references local only,
+    and applying it to an empty object neither recurses without end nor meets a reference that
+    does not resolve."""
+    if not isinstance(schema, Mapping):
+        raise InvalidSchema(f"{what} must be a JSON schema object, got {type(schema).__name__}")
+    too_big = size_problem(schema)
+    if too_big is not None:
+        raise InvalidSchema(f"{what} is too large: {too_big.replace('the value', 'it')}")
+    bounded = schema_problem(schema)
+    if bounded is not None:
+        raise InvalidSchema(f"{what} cannot be checked: {bounded}")
+    problem = _metaschema_error(schema)
+    if problem is not None:
+        raise InvalidSchema(f"{what} is not a valid JSON schema: {_short(problem)}")
+    remote = remote_references(schema)
+    if remote:
+        raise InvalidSchema(
+            f"{what} refers to {_short(remote[0])!r}: only references inside the schema "
+            "(starting with '#') are allowed"
+        )
+    try:
+        schema_errors(schema, {})
+    except InvalidSchema as exc:
+        raise InvalidSchema(f"{what} cannot be applied: {exc}") from None
+
+
 def size_problem(instance: Any) -> str | None:
     """Why ``instance`` is too large to check, or None: more than
     ``AGENTRUNS_MAX_ARGUMENT_CHARS`` characters of JSON (counted without escapes: a lower

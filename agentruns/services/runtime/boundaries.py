@@ -18,9 +18,11 @@ from django.db import DatabaseError, transaction
 
 from agentruns import budgets, tracing, transitions
 from agentruns.exceptions import StateWriteFailed
+from agentruns.identity import execution_identity
 from agentruns.leases import EventSpec
-from agentruns.models import Effect, EventKind, Status, TerminationReason
-from agentruns.services import dispatch
+from agentruns.models import AgentRun, Effect, EventKind, Status, TerminationReason
+from agentruns.models import Segment as SegmentKind
+from agentruns.services import dispatch, standing_approvals
 from agentruns.services.runtime import shutdown
 from agentruns.services.runtime.failures import totals
 from agentruns.services.runtime.results import EventObserver, Outcome, Stop, Waker
@@ -202,6 +204,43 @@ class Boundaries:
         Cancelled meanwhile: ``cancelled``; lost: ``suspend_failed`` (never a resumable pause)."""
         if state.unwritten.clear and (stop := self.flush(state)):
             return stop
+        parked, carried = self._park(state, status, pending)
+        if parked is None:
+            return self._not_parked(state, carried)
+        self._observe(carried)
+        return Stop(outcome, run=parked)
+
+    def suspend_for_rules(self, state: SegmentState, pending: PendingTurn) -> Stop:
+        """``suspend`` for approval, and in the same transaction let the standing rules that
+        cover ``pending`` approve it (``standing_approvals.approve_by_rules``: under the row
+        locks, uses counted, the decision recorded and the run claimed for a ``resume:``
+        segment). Approved: the ``Stop`` carries the claim (``continued``) and nobody ever sees
+        the run wait; otherwise it waits on its card as after ``suspend``. A death before the
+        ``COMMIT`` undoes both (the run stays ``running`` under this lease, for the reaper)."""
+        if state.unwritten.clear and (stop := self.flush(state)):
+            return stop
+        with transaction.atomic():
+            parked, carried = self._park(state, Status.WAITING_FOR_APPROVAL, pending)
+            decided = None
+            if parked is not None:
+                decided = standing_approvals.approve_by_rules(
+                    run_uuid=self.seg.run.uuid,
+                    turn_digest=pending.turn_digest,
+                    identity=execution_identity(SegmentKind.RESUME),
+                )
+        if parked is None:
+            return self._not_parked(state, carried)
+        self._observe(carried)
+        if decided is None:
+            return Stop(Outcome.AWAITING_APPROVAL, run=parked)
+        self._observe([decided.event] if decided.event is not None else [])
+        return Stop(Outcome.APPROVED_BY_RULE, run=decided.run, continued=decided)
+
+    def _park(
+        self, state: SegmentState, status: str, pending: PendingTurn
+    ) -> tuple[AgentRun | None, list[EventSpec]]:
+        """The suspend's write, carrying the deferred steps: the parked row (``None``: it
+        matched nothing) and the events it carried."""
         carried, _ = state.unwritten.take()
         cost = state.cost_to_record()
         lease, config = self.seg.lease, self.seg.config
@@ -217,12 +256,13 @@ class Boundaries:
                 cost=cost,
             ),
         )
-        if parked is None:
-            lost = self.lost(state, completed=carried)
-            return lost if lost.outcome == Outcome.CANCELLED else Stop(Outcome.SUSPEND_FAILED)
-        parked.configuration = config  # as read by this segment
-        self._observe(carried)
-        return Stop(outcome, run=parked)
+        if parked is not None:
+            parked.configuration = config  # as read by this segment
+        return parked, carried
+
+    def _not_parked(self, state: SegmentState, carried: list[EventSpec]) -> Stop:
+        lost = self.lost(state, completed=carried)
+        return lost if lost.outcome == Outcome.CANCELLED else Stop(Outcome.SUSPEND_FAILED)
 
     def park_in_doubt(
         self, state: SegmentState, pending: PendingTurn, doubt: EventSpec, *, checked: bool

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentruns.leases import EventSpec
+from agentruns.leases import Decided, EventSpec
 from agentruns.models import AgentRun
 
 #: Sees every event once the boundary that wrote it committed (the playground's stream).
@@ -38,6 +38,9 @@ class Outcome:
     LEASE_LOST = "lease_lost"
     # Not a segment's outcome: a decision was recorded and handed to a worker.
     QUEUED = "queued"
+    # Not a final outcome: standing rules approved the turn, and a new segment continues it
+    # (``Stop.continued``) in the same call of ``continue_segment``.
+    APPROVED_BY_RULE = "approved_by_rule"
 
 
 @dataclass
@@ -52,11 +55,14 @@ class SegmentResult:
 @dataclass(frozen=True)
 class Stop:
     """A step's verdict that the segment is over: returned, never raised, up to the loop.
-    ``run``: the row the segment's last write returned (a suspend's), its result without a read."""
+    ``run``: the row the segment's last write returned (a suspend's), its result without a read.
+    ``continued``: standing rules approved the turn the segment suspended on, and claimed the
+    run for the segment that continues it (``continue_segment`` runs it next)."""
 
     outcome: str
     detail: dict[str, Any] = field(default_factory=dict)
     run: AgentRun | None = None
+    continued: Decided | None = None
 
     @classmethod
     def of(cls, outcome: str, **detail: Any) -> Stop:

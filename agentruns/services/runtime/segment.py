@@ -79,7 +79,29 @@ def continue_segment(
     failures settle the run. ``observer`` sees every event once its boundary committed. The
     result's ``run`` is read again at the end (or is the row a suspend returned), or with
     ``reload_run=False`` (a caller that reads only the outcome) is the row as the segment
-    loaded it at its start."""
+    loaded it at its start.
+
+    A segment whose turn standing rules approved (``Stop.continued``) is followed at once by
+    the segment continuing under the rules' claim, as an inline decision's is."""
+    while True:
+        seg, stop = _one_segment(lease, retry, wake, observer, run, events)
+        if stop.continued is None or stop.continued.lease is None:
+            break
+        lease, run, events = stop.continued.lease, stop.continued.run, None
+    if not reload_run:
+        return SegmentResult(stop.outcome, seg.run, stop.detail)
+    return SegmentResult(stop.outcome, stop.run or _reload(lease), stop.detail)
+
+
+def _one_segment(
+    lease: Lease,
+    retry: RetryScheduler | None,
+    wake: Waker | None,
+    observer: EventObserver | None,
+    run: AgentRun | None,
+    events: list[AgentRunEvent] | None,
+) -> tuple[Segment, Stop]:
+    """One segment under ``lease``, from its claim to its ``Stop``."""
     seg = _segment(lease, run, retry)
     state = SegmentState()
     # One session per remote server for this segment's calls (§4.5): closed when the segment
@@ -100,9 +122,7 @@ def continue_segment(
             stop = settle_internal_error(lease, state.loop, exc)
         span.set(leasehold__segment__outcome=str(stop.outcome))
     metrics.record_segment_end(lease=lease, lease_lost=stop.outcome == Outcome.LEASE_LOST)
-    if not reload_run:
-        return SegmentResult(stop.outcome, seg.run, stop.detail)
-    return SegmentResult(stop.outcome, stop.run or _reload(lease), stop.detail)
+    return seg, stop
 
 
 def _run(

@@ -16,7 +16,7 @@ from typing import Any
 
 from agentruns.leases import EventSpec
 from agentruns.models import WRITE_EFFECTS, Effect, EventKind, Status
-from agentruns.services import dispatch
+from agentruns.services import dispatch, standing_approvals
 from agentruns.services.runtime.boundaries import Boundaries
 from agentruns.services.runtime.previewing import (
     make_preview,
@@ -241,15 +241,17 @@ def _park_in_doubt(
 
 def suspend_for_approval(state: SegmentState, seg: Segment, writer: Boundaries, turn: Turn) -> Stop:
     """Suspend for a decision on the turn's open calls, each write previewed first (the
-    previews are kept on the turn too: the digest that binds the decision covers them)."""
+    previews are kept on the turn too: the digest that binds the decision covers them). When
+    standing rules cover every call that needs a decision, they may approve it in the suspend's
+    own transaction (``Boundaries.suspend_for_rules``, docs/standing_approvals.md)."""
     with LeaseTicker(seg.lease):
         preview_open_calls(turn, tool_of=seg.gate.available, preview=partial(_preview, seg))
-    return writer.suspend(
-        state,
-        Status.WAITING_FOR_APPROVAL,
-        PendingTurn.for_approval(seg.gate.shown(c) for c in turn.open_calls()),
-        Outcome.AWAITING_APPROVAL,
-    )
+    pending = PendingTurn.for_approval(seg.gate.shown(c) for c in turn.open_calls())
+    if standing_approvals.turn_is_covered(
+        configuration=seg.config, pending=pending, initiator_id=seg.run.initiator_id
+    ):
+        return writer.suspend_for_rules(state, pending)
+    return writer.suspend(state, Status.WAITING_FOR_APPROVAL, pending, Outcome.AWAITING_APPROVAL)
 
 
 def suspend_for_input(
@@ -296,3 +298,25 @@ def _preview_changed(
     turn.approved = None
     changed = preview_changed_event(call, approved, fresh)
     return writer.write(state, [changed]) or suspend_for_approval(state, seg, writer, turn)
+
+
+# -- one call at a time (an external agent loop, docs/external.md) --
+
+
+def run_call(
+    state: SegmentState, seg: Segment, writer: Boundaries, turn: Turn, call: Call
+) -> Stop | None:
+    """Run one call of ``turn`` (``state.loop.turn``) as ``run_turn`` runs it, for a caller whose
+    framework executes a turn's calls one by one (``agentruns.external``): the turn's arguments
+    checked first, the whole turn suspended while it waits for a decision (reads included, as
+    ``run_turn``), then the call denied, waiting for input, re-checked (compare-and-swap) or run
+    behind the fence, its ``tool`` event written at once (never deferred: nothing of Leasehold's
+    follows it). ``None``: the call is done."""
+    refused, accepted = _check_arguments(turn, seg.gate)
+    if refused and (stop := writer.write(state, refused)):
+        return stop
+    if call.id in turn.done:
+        return None
+    if waits_for_approval(turn, seg.gate):
+        return suspend_for_approval(state, seg, writer, turn)
+    return _run_call(state, seg, writer, turn, call, accepted, last_of_turn=False)

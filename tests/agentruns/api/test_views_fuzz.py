@@ -77,6 +77,9 @@ def api_schema(token, wsgi_app):
 NOT_CHECKED: dict[str, list] = {
     "POST /api/runs/": [checks.positive_data_acceptance],
     "POST /api/runs/{uuid}/decision/": [checks.positive_data_acceptance],
+    # Likewise "a tool this configuration offers", "a schema the bounded checker accepts" and
+    # "at most 30 days from now" for a standing approval: refused with a 400 naming the field.
+    "POST /api/approval-rules/": [checks.positive_data_acceptance],
 }
 
 

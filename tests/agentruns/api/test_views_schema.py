@@ -11,10 +11,12 @@ import jsonschema
 import pytest
 from django.contrib.auth import get_user_model
 from django.db.models.functions import Now
+from django.utils import timezone
 from drf_spectacular.validation import validate_schema
 from rest_framework.test import APIClient
 
 from agentruns.models import AgentRun
+from agentruns.services.approval_rules import approval_rule_create
 from agentruns.services.runs import run_process_queued
 from tests.agentruns.factories import UserFactory
 from tests.agentruns.support.api import (
@@ -111,7 +113,27 @@ def _cases(api: APIClient) -> dict[str, list[tuple[str, str, dict | None, int]]]
     overdue = waiting_for_approval(slug="overdue", approval_timeout=timedelta(minutes=5))
     AgentRun.objects.filter(pk=overdue.pk).update(approval_deadline=Now() - timedelta(seconds=1))
     unknown = "00000000-0000-0000-0000-000000000000"
+    rule = _rule()
+    rule_body = {
+        "configuration": "notes",
+        "tool": "create_note",
+        "arguments_schema": {"properties": {"title": {"const": "t"}}},
+        "expires_at": (timezone.now() + timedelta(days=1)).isoformat(),
+    }
     return {
+        "approval_rules_list": [("get", "/api/approval-rules/", None, 200)],
+        "approval_rules_create": [
+            ("post", "/api/approval-rules/", rule_body, 201),
+            ("post", "/api/approval-rules/", {**rule_body, "arguments_schema": {"type": 1}}, 400),
+        ],
+        "approval_rules_retrieve": [
+            ("get", f"/api/approval-rules/{rule.uuid}/", None, 200),
+            ("get", f"/api/approval-rules/{unknown}/", None, 404),
+        ],
+        "approval_rules_revoke": [
+            ("delete", f"/api/approval-rules/{rule.uuid}/", None, 200),
+            ("delete", f"/api/approval-rules/{unknown}/", None, 404),
+        ],
         "runs_list": [
             ("get", "/api/runs/?status=completed", None, 200),
             ("get", "/api/runs/?status=bogus", None, 400),
@@ -197,6 +219,17 @@ def _cases(api: APIClient) -> dict[str, list[tuple[str, str, dict | None, int]]]
             ("post", f"/api/runs/{unknown}/cancel/", None, 404),
         ],
     }
+
+
+def _rule():
+    """A rule on ``notes`` (made by the decider, who may approve ``create_note``)."""
+    return approval_rule_create(
+        actor=get_user_model().objects.get(username="decider"),
+        configuration="notes",
+        tool="create_note",
+        arguments_schema={"properties": {"title": {"const": "t"}}},
+        expires_at=timezone.now() + timedelta(days=1),
+    )
 
 
 def _operations(schema: dict[str, Any]) -> dict[str, tuple[str, str, dict[str, Any]]]:

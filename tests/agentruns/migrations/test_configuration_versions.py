@@ -12,7 +12,7 @@ from agentruns import versions
 from agentruns.models import AgentRun, ConfigurationVersion
 from agentruns.services import runs
 
-BEFORE = ("agentruns", "0028_schedules_and_events")  # the migration before this one
+BEFORE = ("agentruns", "0030_standing_approvals")  # the migration before this one
 AFTER = ("agentruns", "0027_configuration_versions")
 
 

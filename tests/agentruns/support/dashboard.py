@@ -10,8 +10,19 @@ from django.db.models import Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from agentruns.models import AgentRun, AgentRunEvent, EventKind, SpendDay, SpendScope, Status
-from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory
+from agentruns.models import (
+    AgentConfiguration,
+    AgentRun,
+    AgentRunEvent,
+    ApprovalRule,
+    ApprovalRuleEvent,
+    EventKind,
+    RuleEventKind,
+    SpendDay,
+    SpendScope,
+    Status,
+)
+from tests.agentruns.factories import AgentConfigurationFactory, AgentRunFactory, UserFactory
 
 
 def at(event: AgentRunEvent, when: datetime) -> None:
@@ -49,12 +60,34 @@ def history(size: int) -> None:
         for run in made
         for seq, kind in enumerate((EventKind.LLM, EventKind.APPROVAL, EventKind.REAPER))
     )
+    auto_approvals(configuration, size)
     today = now.astimezone(UTC).date()
     SpendDay.objects.bulk_create(
         SpendDay(
             day=today - timedelta(days=n), scope=SpendScope.CONFIGURATION, key=configuration.pk
         )
         for n in range(min(size, 30))
+    )
+
+
+def auto_approvals(configuration: AgentConfiguration, size: int) -> None:
+    """``size`` turns approved by up to twelve standing approvals (``used`` rule events)."""
+    if not size:
+        return
+    author = UserFactory()
+    rules = [
+        ApprovalRule.objects.create(
+            configuration=configuration,
+            tool=f"tool_{n}",
+            arguments_schema={},
+            author=author,
+            expires_at=timezone.now() + timedelta(days=1),
+        )
+        for n in range(min(size, 12))
+    ]
+    ApprovalRuleEvent.objects.bulk_create(
+        ApprovalRuleEvent(rule=rules[n % len(rules)], kind=RuleEventKind.USED, calls=1 + n % 2)
+        for n in range(size)
     )
 
 

@@ -250,3 +250,24 @@ def test_a_schema_changed_after_validating_is_validated_as_it_is_now():
     named: dict[str, Any] = {"type": "object", "properties": {"1": {"type": "string"}}}
     assert schema_errors(keyed, {"1": 5}) == []
     assert [e.path for e in schema_errors(named, {"1": 5})] == [("1",)]
+
+
+# --- A standing approval's arguments schema (check_matching_schema) ------------------------------
+
+
+def test_a_matching_schema_needs_no_object_type_and_is_bounded():
+    from agentruns.tools.schemas import check_matching_schema
+
+    check_matching_schema(
+        {"properties": {"url": {"const": "https://hooks.example/deploy"}}, "required": ["url"]},
+        what="arguments_schema",
+    )
+    for hostile, says in [
+        ([], "must be a JSON schema object"),
+        ({"pattern": "(?<=a)b"}, "pattern"),
+        ({"$ref": "#"}, "without end"),
+        ({"$ref": "http://example.com/s.json"}, "only references inside"),
+        ({"enum": ["x" * 200_000]}, "too large"),
+    ]:
+        with pytest.raises(InvalidSchema, match=says):
+            check_matching_schema(hostile, what="arguments_schema")
