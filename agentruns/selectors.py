@@ -184,7 +184,9 @@ def stale_runs(*, after: tuple[Any, int] | None = None) -> QuerySet[AgentRun]:
         queryset = queryset.filter(lease_expires__gte=lease_expires).exclude(
             lease_expires=lease_expires, pk__lte=pk
         )
-    return queryset.select_related("configuration").order_by("lease_expires", "pk")
+    return queryset.select_related("configuration", "config_version").order_by(
+        "lease_expires", "pk"
+    )
 
 
 def overdue_waiting_runs() -> QuerySet[AgentRun]:
