@@ -171,8 +171,11 @@ def hand_on(
             on_claim(decided.lease)
         if observer is not None and decided.event is not None:
             observer(decided.event)  # committed: a live trace shows the decision, then its steps
-        # The row the decision locked and wrote is handed on: not read again.
-        return continue_segment(decided.lease, observer=observer, run=decided.run)
+        # The row the decision locked and wrote, and the events it read, are handed on: not
+        # read again.
+        return continue_segment(
+            decided.lease, observer=observer, run=decided.run, events=decided.events
+        )
     if decided.run.status == Status.QUEUED:
         dispatch.wake_after_commit(str(decided.run.uuid))
         return SegmentResult(Outcome.QUEUED, decided.run)

@@ -13,6 +13,7 @@ from uuid import UUID
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError, transaction
 
+from agentruns import ledger
 from agentruns.exceptions import (
     AlreadyDecided,
     NotWaiting,
@@ -24,11 +25,12 @@ from agentruns.exceptions import (
 from agentruns.leases import Decided, EventSpec, Lease
 from agentruns.models import (
     AgentRun,
+    AgentRunEvent,
     Status,
 )
 from agentruns.tools.gate import ToolGate
 from agentruns.tools.shown import executing_digest, shown_turn
-from agentruns.transitions._writer import lease_seconds, locked_write, show
+from agentruns.transitions._writer import known_events, lease_seconds, locked_write, show
 from agentruns.turns import (
     Decision,
     decided_digests,
@@ -142,6 +144,7 @@ def record_decision(
         lease = Lease(run.pk, run.uuid, identity, run.lease_epoch + 1, next_sequence=0)
         params.update(owner=identity, epoch=lease.epoch, lease_seconds=lease_seconds())
         signer = (lease.owner, lease.epoch)
+    first = run.next_sequence
     row = locked_write(
         run,
         "decide_resume" if identity else "decide_queue",
@@ -153,7 +156,18 @@ def record_decision(
     if row is None:  # pragma: no cover - impossible under the row lock
         raise NotWaiting()
     show(run, row)
-    return Decided(run=run, lease=lease, event=event)
+    return Decided(run=run, lease=lease, event=event, events=_with_own(row, first, event))
+
+
+def _with_own(row: AgentRun, first: int, event: EventSpec) -> list[AgentRunEvent] | None:
+    """The run's events as the decision's statement read them under the row lock (before its
+    own, ``known_events``), followed by the decision's event numbered ``first``; ``None`` when
+    the statement read none (queued, or SQLite: the continuation reads them)."""
+    known = known_events(row)
+    if known is None:
+        return None
+    payload = ledger.canonical_payload(event.payload)
+    return [*known, AgentRunEvent(run_id=row.pk, sequence=first, kind=event.kind, payload=payload)]
 
 
 def record_abandon(run: AgentRun, *, turn_digest: str | None, event: EventSpec) -> AgentRun:
