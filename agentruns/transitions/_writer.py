@@ -140,6 +140,11 @@ def write(statement: str, params: Mapping[str, Any]) -> AgentRun | None:
     return _row(connections[DEFAULT_DB_ALIAS], names, rows[0])
 
 
+def written_row(names: list[str], values: Sequence[Any]) -> AgentRun:
+    """The run of a row a named statement returned (``execute``), as ``write`` builds it."""
+    return _row(connections[DEFAULT_DB_ALIAS], names, values)
+
+
 def _row(db: BaseDatabaseWrapper, names: list[str], values: Sequence[Any]) -> AgentRun:
     """The run of a returned row; the columns after its own (from the first repeated name on)
     are its configuration's; a last column ``known_events`` is kept for ``known_events``."""

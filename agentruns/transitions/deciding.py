@@ -10,8 +10,9 @@ from contextlib import contextmanager
 from typing import Any
 from uuid import UUID
 
+from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
-from django.db import DatabaseError, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
 
 from agentruns import ledger
 from agentruns.exceptions import (
@@ -30,7 +31,14 @@ from agentruns.models import (
 )
 from agentruns.tools.gate import ToolGate
 from agentruns.tools.shown import executing_digest, shown_turn
-from agentruns.transitions._writer import known_events, lease_seconds, locked_write, show
+from agentruns.transitions._writer import (
+    execute,
+    known_events,
+    lease_seconds,
+    locked_write,
+    show,
+    written_row,
+)
 from agentruns.turns import (
     Decision,
     decided_digests,
@@ -43,17 +51,23 @@ from agentruns.turns import (
 
 
 def _lock_run(run_uuid: UUID | str) -> AgentRun:
-    """The run, locked, with its configuration (and approver group) read in the same statement
-    (not locked: ``FOR UPDATE OF`` the run only). A decision's checks read the configuration
-    from here, and an inline continuation gets the row as it stands (no second read)."""
+    """The run, locked, with its configuration and approver group read in the same statement
+    (not locked: ``FOR UPDATE OF`` the run only; the statement ``lock_waiting_run``). A
+    decision's checks read the configuration from here, and an inline continuation gets the row
+    as it stands (no second read)."""
     try:
-        return (
-            AgentRun.objects.select_for_update(of=("self",))
-            .select_related("configuration__approver_group")
-            .get(uuid=run_uuid)
-        )
-    except (AgentRun.DoesNotExist, ValidationError, ValueError) as exc:
+        names, rows = execute("lock_waiting_run", {"uuid": run_uuid})
+    except (ValidationError, ValueError) as exc:  # not a uuid: there is no such run
         raise RunNotFound() from exc
+    if not rows:
+        raise RunNotFound()
+    *row, group_id, group_name = rows[0]
+    run = written_row(names[:-2], row)
+    if group_id is not None:
+        run.configuration.approver_group = Group.from_db(
+            DEFAULT_DB_ALIAS, ["id", "name"], [group_id, group_name]
+        )
+    return run
 
 
 def _check_turn(run: AgentRun, *, expected_status: str, turn_digest: str | None) -> None:

@@ -331,6 +331,22 @@ SELECT run.*, configuration.*
          ON configuration.id = run.configuration_id;
 
 
+-- lock_waiting_run --
+-- A decision's read (it writes nothing): the run %(uuid)s, locked (FOR UPDATE OF the run
+-- only), with its configuration and that configuration's approver group (id, name) in the same
+-- statement, for the decision to check and record under the lock (transitions.deciding).
+-- No row: no such run.
+SELECT run.*, configuration.*,
+       approver_group.id AS approver_group_id, approver_group.name AS approver_group_name
+  FROM agentruns_agentrun AS run
+  JOIN agentruns_agentconfiguration AS configuration
+    ON configuration.id = run.configuration_id
+  LEFT JOIN auth_group AS approver_group
+    ON approver_group.id = configuration.approver_group_id
+ WHERE run.uuid = %(uuid)s
+   FOR UPDATE OF run;
+
+
 -- decide_queue --
 -- A decision on a waiting run (read and checked under its row lock), handed to a worker:
 -- queued with the decision in its loop state; pending turn, fence and approval deadline
