@@ -9,6 +9,10 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
     from django.core.management import execute_from_command_line
 
+    from config.tracing import configure_from_env
+
+    configure_from_env(os.environ)  # spans over OTLP when an endpoint is set (README)
+
     execute_from_command_line(sys.argv)
 
 

@@ -114,6 +114,14 @@ DEFAULTS: dict[str, Any] = {
     # Most each initiator's runs may spend per UTC day, all configurations together (a decimal,
     # in COST_CURRENCY); empty: no per-user budget. Read by agentruns.budgets.
     "USER_DAILY_BUDGET": "",
+    # Whether OpenTelemetry spans (agentruns.tracing) carry content: prompts, the messages sent
+    # and answered, tool arguments and results. Off: spans carry names, ids, counts and
+    # outcomes only.
+    "OTEL_CAPTURE_CONTENT": False,
+    # Whether a provider that streams (openai, anthropic) streams its answers' text to the
+    # playground's live view as the model writes them (docs/design.md §6.8). Only a segment a
+    # live view watches streams; nothing of a stream is stored but the answer.
+    "STREAM_TOKENS": True,
 }
 
 
@@ -146,6 +154,8 @@ class AgentrunsSettings:
     cost_currency: str
     user_daily_budget: Decimal | None
     ledger_key: str
+    otel_capture_content: bool
+    stream_tokens: bool
 
 
 PARSERS: dict[str, Parser] = {
@@ -173,6 +183,8 @@ PARSERS: dict[str, Parser] = {
     "COST_CURRENCY": parse_currency,
     "USER_DAILY_BUDGET": parse_budget,
     "LEDGER_KEY": parse_text,
+    "OTEL_CAPTURE_CONTENT": parse_boolean,
+    "STREAM_TOKENS": parse_boolean,
 }
 
 

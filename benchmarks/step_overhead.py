@@ -25,7 +25,9 @@ A round runs from one ``request`` event to the next; the closing provider call i
 
 ``--priced`` prices the configuration (each answer is charged to the spend ledger) and
 ``--budget`` also gives it a daily budget it never reaches (the check before each provider
-call), docs/design.md §14.
+call), docs/design.md §14. ``--otel`` sets an OpenTelemetry SDK tracer provider first (every
+span made and batched, then dropped: README "Tracing with OpenTelemetry"); compare it with a
+run without. ``--workloads read`` runs only the ones named.
 
 With ``--json`` the last line is one JSON object: ``{"database": "postgresql"|"sqlite", "read":
 {"statements_per_round", "ms_per_round", "raw_replay_ms", "ratio_to_raw_replay"}, "write",
@@ -541,6 +543,22 @@ def shorten(sql: str) -> str:
     return head if len(head) <= 150 else head[:147] + "..."
 
 
+def install_tracer_provider() -> None:
+    """An SDK tracer provider batching every span to an exporter that drops it: the cost of
+    making, recording and queueing the spans, not of a network."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    trace.set_tracer_provider(provider)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20, help="timed runs per workload")
@@ -556,8 +574,22 @@ def main() -> None:
         action="store_true",
         help="with --priced, a daily budget it never reaches: the check before each call",
     )
+    parser.add_argument(
+        "--otel",
+        action="store_true",
+        help="an OpenTelemetry SDK tracer provider is set: every span is made and batched "
+        "(to an exporter that drops it), as in a traced deployment (agentruns/tracing.py)",
+    )
+    parser.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help=f"comma-separated, of {', '.join(WORKLOADS)}",
+    )
     args = parser.parse_args()
     rounds = max(2, min(args.rounds, 19))
+    workloads = [w for w in args.workloads.split(",") if w in WORKLOADS]
+    if args.otel:
+        install_tracer_provider()
 
     with throwaway_database() as target:
         setup_django_on(target)
@@ -593,13 +625,14 @@ def main() -> None:
             "database": target.vendor,
             "priced": args.priced or args.budget,
             "budget": args.budget,
+            "otel": args.otel,
         }
         try:
             # Warm up caches and connections.
             one_run("read", 2, RoundClock(), approver, config)
             one_run("write", 2, RoundClock(), approver, config)
             one_run("per_call", 2, RoundClock(), approver, config)
-            for workload in WORKLOADS:
+            for workload in workloads:
                 stats = count_statements(
                     workload,
                     runs=max(1, args.runs // 4),

@@ -6,6 +6,12 @@ call); the segment's observer hands each committed event to the response through
 step is written the moment its boundary committed. The body ends with exactly one terminal line
 (``end`` or ``error``).
 
+The segment runs inside ``token_stream.watching``: a provider that streams sends the text of
+each answer as it is written, and the body writes it as ``tokens`` lines (``call``: the model
+call's number in this stream; ``start`` on its first line; ``text``; ``dropped``: characters a
+slow browser did not get; ``end``: ``answered`` or ``failed``), in order with the steps
+(``live_tokens``). The answer's ``llm`` step follows its tokens; a call that failed has none.
+
 While nothing is recorded the body looks at the run's lease every ``HEARTBEAT_POLL_SECONDS``:
 a renewal by the segment's heartbeat (its lease renewed while a call runs, nothing else changed)
 is written as a ``heartbeat`` line the moment it is seen (``heartbeat_line``).
@@ -33,7 +39,9 @@ from agentruns import selectors
 from agentruns.exceptions import LeaseholdError
 from agentruns.leases import EventSpec, Lease
 from agentruns.services import runs
+from agentruns.services.runtime import token_stream
 from agentruns.services.runtime.results import EventObserver, SegmentResult
+from playground.live_tokens import LiveTokens
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +76,8 @@ class RunStream:
         # The lease as last seen: (lease_expires, lease_epoch, next_sequence, pending_effect).
         self._seen: tuple[Any, ...] | None = None
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
+        # The text of streamed model calls, queued in order with the steps (``live_tokens``).
+        self._tokens = LiveTokens(lambda batch: self._queue.put(("tokens", batch)))
         self._lock = threading.Lock()
         self._lease: Lease | None = None
         self._client_gone = False
@@ -94,7 +104,9 @@ class RunStream:
                 beat = self._heartbeat()
                 if beat is not None:
                     return (json.dumps({"event": "heartbeat", **beat}, default=str) + "\n").encode()
-        if kind == "step":
+        if kind == "tokens":
+            line = {"event": "tokens", "run": self._run_uuid(), **self._tokens.take(item)}
+        elif kind == "step":
             spec, run_uuid = item
             self._seen = None  # a step moves the lease too: look afresh from here
             line = {"event": "step", **self._step_line(spec, run_uuid)}
@@ -121,6 +133,10 @@ class RunStream:
         if now[0] == seen[0] or now[1:] != seen[1:]:
             return None
         return self._heartbeat_line(lease, now[0])
+
+    def _run_uuid(self) -> str:
+        with self._lock:
+            return str(self._lease.uuid) if self._lease else ""
 
     def close(self) -> None:
         """Called by the server when the body is done or the client went away."""
@@ -161,7 +177,8 @@ class RunStream:
         observer: EventObserver = self._observe
         terminal: tuple[str, Any] = ("error", RuntimeError("the segment ended without a result"))
         try:
-            terminal = ("end", self._start(observer=observer, on_claim=self._on_claim))
+            with token_stream.watching(self._tokens):
+                terminal = ("end", self._start(observer=observer, on_claim=self._on_claim))
         except LeaseholdError as exc:
             terminal = ("error", exc)
         except Exception as exc:

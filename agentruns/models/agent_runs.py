@@ -98,6 +98,11 @@ class AgentRun(models.Model):
     # the same guarded statement or transaction that appends events, so no writer reads
     # ``MAX(sequence)`` (docs/design.md §1.8).
     next_sequence = models.PositiveIntegerField(default=0, editable=False)
+    # The run's OpenTelemetry trace (``agentruns.tracing``), written at insert when spans are
+    # recorded: the trace id and the id of the run span every later span of the run is a child
+    # of ("" with a trace id: the sampler dropped the run). Both "": no trace.
+    trace_id = models.CharField(max_length=32, blank=True, default="", editable=False)
+    trace_span_id = models.CharField(max_length=16, blank=True, default="", editable=False)
 
     class Meta:
         ordering = ["-created_at"]

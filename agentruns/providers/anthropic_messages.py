@@ -30,6 +30,7 @@ from typing import Any
 import anthropic
 
 from agentruns.providers.anthropic_dialogue import messages_request
+from agentruns.providers.anthropic_stream import stream_failure, stream_messages
 from agentruns.providers.base import (
     UNPARSED_KEY,
     ErrorKind,
@@ -37,6 +38,7 @@ from agentruns.providers.base import (
     ProviderReply,
     ToolCall,
 )
+from agentruns.providers.streaming import TextSink
 from agentruns.providers.wire import (
     SDK_STATUS_PREFIX,
     bad_response,
@@ -170,12 +172,7 @@ class AnthropicProvider:
         """One ``messages.create`` call, no SDK retries, timeout ``timeout_seconds``. Raises
         ``ProviderError`` only (``classify``; a refusal ``refused``); a missing key is ``auth``
         and a variable the secret rule refuses ``configuration``, both before any request."""
-        key = read_api_key(self.api_key_env)
-        if not self.model:
-            raise ProviderError(
-                "The configuration names no model.", kind=ErrorKind.CONFIGURATION, retryable=False
-            )
-        arguments = messages_request(messages, tools).arguments()
+        key, arguments = self._prepared(messages, tools)
         try:
             with anthropic.Anthropic(
                 api_key=key,
@@ -198,6 +195,44 @@ class AnthropicProvider:
             raise bad_response(
                 f"The provider's answer was not a valid message: {exc}", key
             ) from None
+
+    def stream(
+        self,
+        *,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        run_uuid: str,
+        on_text: TextSink,
+    ) -> ProviderReply:
+        """``complete``, streamed (``anthropic_stream``): each piece of text to ``on_text`` as it
+        arrives, the reply the same as ``complete``'s for the same answer, failures in the same
+        classes (a stream cut short: ``connection``; an ``error`` event: as its HTTP error)."""
+        key, arguments = self._prepared(messages, tools)
+        try:
+            message = stream_messages(self, arguments=arguments, key=key, on_text=on_text)
+        except ProviderError:
+            raise
+        except Exception as exc:
+            raise (stream_failure(exc, secret=key) or classify(exc, secret=key)) from None
+        try:
+            return self._reply(message, secret=key)
+        except ProviderError:
+            raise
+        except Exception as exc:  # a message-shaped answer with the wrong insides
+            raise bad_response(
+                f"The provider's answer was not a valid message: {exc}", key
+            ) from None
+
+    def _prepared(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> tuple[str, dict[str, Any]]:
+        """The key (read now) and the request's arguments but the model and ``max_tokens``."""
+        key = read_api_key(self.api_key_env)
+        if not self.model:
+            raise ProviderError(
+                "The configuration names no model.", kind=ErrorKind.CONFIGURATION, retryable=False
+            )
+        return key, messages_request(messages, tools).arguments()
 
     def _reply(self, message: Any, *, secret: str) -> ProviderReply:
         blocks = _field(message, "content")

@@ -16,6 +16,8 @@ from typing import Any
 import openai
 
 from agentruns.providers.base import ErrorKind, ProviderError, ProviderReply, ToolCall
+from agentruns.providers.openai_stream import stream_chat
+from agentruns.providers.streaming import TextSink
 from agentruns.providers.wire import (
     SDK_STATUS_PREFIX,
     parse_arguments,
@@ -139,14 +141,7 @@ class OpenAIProvider:
         timeout ``timeout_seconds``. Raises ``ProviderError`` only, classified by ``classify``;
         a missing key is ``auth`` and a variable the secret rule refuses ``configuration``
         (its cause a ``SecretEnvRefused``), both not retryable and before any request is sent."""
-        key = self._api_key()
-        if not self.model:
-            raise ProviderError(
-                "The configuration names no model.", kind=ErrorKind.CONFIGURATION, retryable=False
-            )
-        arguments: dict[str, Any] = {"model": self.model, "messages": messages}
-        if tools:
-            arguments["tools"] = tools
+        key, arguments = self._prepared(messages, tools)
         try:
             with openai.OpenAI(
                 api_key=key,
@@ -160,6 +155,40 @@ class OpenAIProvider:
         except Exception as exc:
             raise classify(exc, secret=key) from None
         return self._reply(completion, secret=key)
+
+    def stream(
+        self,
+        *,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        run_uuid: str,
+        on_text: TextSink,
+    ) -> ProviderReply:
+        """``complete``, streamed (``openai_stream``): each piece of text to ``on_text`` as it
+        arrives, the reply the same as ``complete``'s for the same answer, failures in the same
+        classes (a stream cut short: ``connection``; past a reply's limits: ``bad_response``)."""
+        key, arguments = self._prepared(messages, tools)
+        try:
+            completion = stream_chat(self, arguments=arguments, key=key, on_text=on_text)
+        except ProviderError:
+            raise
+        except Exception as exc:
+            raise classify(exc, secret=key) from None
+        return self._reply(completion, secret=key)
+
+    def _prepared(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> tuple[str, dict[str, Any]]:
+        """The key (read now) and the request's arguments (``tools`` omitted when empty)."""
+        key = self._api_key()
+        if not self.model:
+            raise ProviderError(
+                "The configuration names no model.", kind=ErrorKind.CONFIGURATION, retryable=False
+            )
+        arguments: dict[str, Any] = {"model": self.model, "messages": messages}
+        if tools:
+            arguments["tools"] = tools
+        return key, arguments
 
     def _reply(self, completion: Any, *, secret: str) -> ProviderReply:
         choices = getattr(completion, "choices", None)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-from agentruns import selectors, transitions
+from agentruns import selectors, tracing, transitions
 from agentruns.exceptions import StateWriteFailed
 from agentruns.models import AgentConfiguration, AgentRun, ApprovalTimeoutAction, Status
 from agentruns.services import dispatch
@@ -64,7 +64,13 @@ def expire_overdue(
     settle is its own; the wake-up is sent after it commits).
     """
     overdue = selectors.overdue_waiting_runs().only(
-        "pk", "uuid", "status", "approval_deadline", "approval_timeout_action", "configuration"
+        "pk",
+        "uuid",
+        "status",
+        "approval_deadline",
+        "approval_timeout_action",
+        "configuration",
+        *tracing.RUN_FIELDS,
     )[: limit or EXPIRE_LIMIT]
     outcomes: list[DeadlineOutcome] = []
     for run in list(overdue):
@@ -95,6 +101,8 @@ def expire_overdue(
                 DeadlineOutcome(run.uuid, run.status, "", run.approval_deadline, taken=False)
             )
             continue
+        payload = {"by": "deadline", "verdict": str(expired.action)}
+        tracing.decision(run, kind="deadline", payload=payload, actor_id=None)
         if expired.action == ApprovalTimeoutAction.DENY:
             dispatch.wake_after_commit(str(expired.run_uuid))  # committed: sent at once
         elif expired.action == ApprovalTimeoutAction.ESCALATE:

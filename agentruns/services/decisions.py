@@ -14,7 +14,7 @@ from uuid import UUID
 
 from django.core.exceptions import ValidationError
 
-from agentruns import transitions
+from agentruns import tracing, transitions
 from agentruns.authority import (
     DECIDE_PERMISSION,
     Authority,
@@ -175,6 +175,7 @@ def hand_on(
     on_claim: ClaimHook | None = None,
 ) -> SegmentResult:
     """Continue a run a decision took: inline under its new lease, or wake a worker."""
+    _traced(decided.run, decided.event)
     if decided.lease is not None:
         if on_claim is not None:
             on_claim(decided.lease)
@@ -189,6 +190,12 @@ def hand_on(
         dispatch.wake_after_commit(str(decided.run.uuid))
         return SegmentResult(Outcome.QUEUED, decided.run)
     return SegmentResult(Outcome.FAILED, decided.run)
+
+
+def _traced(run: AgentRun, event: EventSpec | None) -> None:
+    """The decision's span (``tracing.decision``), from the event that recorded it."""
+    if event is not None:
+        tracing.decision(run, kind=event.kind, payload=event.payload, actor_id=event.actor_id)
 
 
 def run_decide(
@@ -484,9 +491,9 @@ def run_reconcile(
         run_uuid, expected_status=Status.WAITING_FOR_RECONCILIATION, turn_digest=turn_digest
     ) as run:
         if verdict == "abandon":
-            abandoned = transitions.record_abandon(
-                run, turn_digest=turn_digest, event=event(deciding_authority(actor))
-            )
+            abandon = event(deciding_authority(actor))
+            abandoned = transitions.record_abandon(run, turn_digest=turn_digest, event=abandon)
+            _traced(abandoned, abandon)
             return SegmentResult(Outcome.FAILED, abandoned)
         authority = _require_authority(actor, run, _require_runnable(run, tools=False))
         decided = transitions.record_decision(

@@ -10,6 +10,7 @@ from uuid import UUID
 
 from django.db import DatabaseError, transaction
 
+from agentruns import tracing
 from agentruns.exceptions import StateWriteFailed
 from agentruns.leases import EventSpec
 from agentruns.models import AgentRun, Status
@@ -64,4 +65,7 @@ def record_check(
     )
     if written is None:  # pragma: no cover - impossible under the row lock
         raise StateWriteFailed("a check's record matched no row under the row lock")
-    return PendingTurn.parse(stored, status=Status.WAITING_FOR_RECONCILIATION, run_uuid=run.uuid)
+    turn = PendingTurn.parse(stored, status=Status.WAITING_FOR_RECONCILIATION, run_uuid=run.uuid)
+    name = turn.call.name if turn.call is not None else ""
+    tracing.in_doubt(run, by="check", call_name=name, check=status.state, answer=status.answer)
+    return turn

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
 from django.db.models.functions import Now
 
-from agentruns import ledger
+from agentruns import ledger, tracing
 from agentruns.leases import Claimed, EventSpec, Lease
 from agentruns.models import (
     AgentConfiguration,
@@ -82,6 +82,7 @@ def run_start(
             lease_epoch=1,
             started_at=Now(),
             **{ledger.HEAD_FIELD: head, ledger.SEQUENCE_FIELD: len(born)},
+            **_traced(run_uuid, configuration, initiator_id, "sync", prompt),
         )
         append_events({**row, "run": run.pk} for row in event_rows(0, (identity, 1), born, links))
     return Lease(run.pk, run_uuid, identity, 1, next_sequence=len(born), head=head)
@@ -105,6 +106,25 @@ def run_enqueue(
         prompt=prompt,
         request=dict(request),
         status=Status.QUEUED,
+        **_traced(run_uuid, configuration, initiator_id, "queued", prompt),
+    )
+
+
+def _traced(
+    run_uuid: UUID,
+    configuration: AgentConfiguration,
+    initiator_id: int | None,
+    mode: str,
+    prompt: str,
+) -> dict[str, str]:
+    """The trace fields of a run being inserted: its run span's ids (``tracing.run_born``), or
+    nothing when spans are not recorded."""
+    return tracing.run_born(
+        run_uuid=run_uuid,
+        configuration=configuration.slug,
+        initiator_id=initiator_id,
+        mode=mode,
+        prompt=prompt,
     )
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from agentruns.providers.scripted import ScriptedProvider
 from tests.agentruns.support.runtime import probes  # noqa: F401  (fixture)
+from tests.agentruns.support.tracing import spans  # noqa: F401  (fixture)
 
 
 @pytest.fixture

@@ -9,6 +9,11 @@ test that under-scripts fails fast. Use the ``chat_server`` fixture; ``server.ba
 Hostile answers go out exactly as written: ``reply_raw`` sends a body (text or bytes) as it is,
 and ``raw_completion`` builds a completion from raw JSON fragments, so a test can send what
 Python's ``json`` would never write (``NaN``, ``1e999``, ``"\\u0000"``, ``"\\ud800"``).
+
+A request asking ``"stream": true`` gets a 200 JSON answer as the SDK's stream reads it: chunked
+``text/event-stream`` frames built by ``stream_frames`` (``sse.chat_frames``; the Messages server
+``sse.message_frames``). ``stream_raw`` queues frames sent exactly as given, one by one, with a
+delay between them or the connection cut after some (``drop_after``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.sse import chat_frames
+
 
 @dataclass(frozen=True)
 class ScriptedResponse:
@@ -34,6 +41,13 @@ class ScriptedResponse:
     body: Any = None
     delay: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
+    # Streamed (``text/event-stream``, chunked): these frames as they are, one by one; a 200
+    # JSON body asked for with ``"stream": true`` is streamed as its frames (``sse``).
+    frames: tuple[str | bytes, ...] | None = None
+    # Stop after this many frames and close the connection mid-body (no final chunk).
+    drop_after: int | None = None
+    # Seconds between two frames.
+    frame_delay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -170,6 +184,20 @@ class ChatServer:
         """Queue a body sent exactly as given (``raw_completion``, or any bytes at all)."""
         self.enqueue(ScriptedResponse(status=status, body=body))
 
+    def stream_raw(
+        self, frames: list[str | bytes], *, drop_after: int | None = None, delay: float = 0.0
+    ) -> None:
+        """Queue a streamed answer of exactly these frames (``sse.data``, ``sse.event``);
+        ``drop_after``: the connection is cut after that many."""
+        self.enqueue(
+            ScriptedResponse(frames=tuple(frames), drop_after=drop_after, frame_delay=delay)
+        )
+
+    @staticmethod
+    def stream_frames(body: Any, request: dict[str, Any]) -> list[str]:
+        """The frames of this protocol's stream for a JSON answer ``body``."""
+        return chat_frames(body, request)
+
     def fail(self, status: int, message: str = "scripted failure") -> None:
         """Queue an error status with an OpenAI-style error body."""
         self.enqueue(ScriptedResponse(status=status, body=self.error(message, status=status)))
@@ -244,6 +272,13 @@ class ChatServer:
                 )
         if response.delay and self._stopping.wait(response.delay):
             return
+        if response.status == 200 and isinstance(body, dict) and body.get("stream") is True:
+            frames = response.frames
+            if frames is None and isinstance(response.body, dict):
+                frames = tuple(self.stream_frames(response.body, body))
+            if frames is not None:
+                self._stream(handler, response, frames)
+                return
         if isinstance(response.body, bytes):
             payload = response.body
         elif isinstance(response.body, str):
@@ -260,6 +295,36 @@ class ChatServer:
             handler.wfile.write(payload)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (a timeout test)
+
+    def _stream(
+        self,
+        handler: BaseHTTPRequestHandler,
+        response: ScriptedResponse,
+        frames: tuple[str | bytes, ...],
+    ) -> None:
+        """The frames as a chunked ``text/event-stream``, flushed one by one; cut (the socket
+        closed without the last chunk) after ``drop_after`` of them."""
+        handler.protocol_version = "HTTP/1.1"
+        handler.close_connection = True
+        try:
+            handler.send_response(200)
+            handler.send_header("Content-Type", "text/event-stream")
+            handler.send_header("Transfer-Encoding", "chunked")
+            handler.send_header("Connection", "close")
+            handler.end_headers()
+            for sent, frame in enumerate(frames):
+                if response.drop_after is not None and sent >= response.drop_after:
+                    handler.wfile.flush()
+                    handler.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if response.frame_delay and self._stopping.wait(response.frame_delay):
+                    return
+                payload = frame if isinstance(frame, bytes) else frame.encode()
+                handler.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+                handler.wfile.flush()
+            handler.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass  # the client gave up
 
 
 @pytest.fixture

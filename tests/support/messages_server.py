@@ -24,6 +24,7 @@ import typing_extensions
 from anthropic import types as sdk
 
 from tests.support.chat_server import ChatServer, ScriptedResponse
+from tests.support.sse import message_frames
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -139,6 +140,10 @@ class MessagesServer(ChatServer):
     def reply(self, *, delay: float = 0.0, **message_fields: Any) -> None:  # type: ignore[override]
         """Queue a 200 message (arguments as for ``message``)."""
         self.enqueue(ScriptedResponse(body=message(**message_fields), delay=delay))
+
+    @staticmethod
+    def stream_frames(body: Any, request: dict[str, Any]) -> list[str]:
+        return message_frames(body, request)
 
     def overloaded(self) -> None:
         """Queue the API's 529 ``overloaded_error``."""

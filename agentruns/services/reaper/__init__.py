@@ -40,7 +40,7 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.db.models import Prefetch, prefetch_related_objects
 
-from agentruns import budgets, selectors
+from agentruns import budgets, selectors, tracing
 from agentruns.identity import reaper_identity
 from agentruns.metrics import record_reaper_pass
 from agentruns.models import AgentRun, AgentRunEvent
@@ -67,6 +67,7 @@ from agentruns.services.reaper.wakeups import (
     _settle_unsent,
     redispatch_unclaimed,
 )
+from agentruns.turns import PendingTurn
 
 logger = logging.getLogger(__name__)
 
@@ -140,8 +141,24 @@ def _batch(
     for run, position in reclaimed:
         if run.pk in unsent:
             verdicts[position] = _settle_unsent(run, verdicts[position], unsent[run.pk], identity)
+    if not dry_run:
+        _traced(runs, verdicts)
     cursor = (runs[-1].lease_expires, runs[-1].pk) if runs else after
     return verdicts, cursor
+
+
+def _traced(runs: list[AgentRun], verdicts: list[RunVerdict]) -> None:
+    """Each verdict's span in its run's trace (``tracing.reaper_verdict``), and the in-doubt
+    span of each run it parked (the stale lease's fence)."""
+    if not tracing.enabled():
+        return
+    for run, verdict in zip(runs, verdicts, strict=True):
+        tracing.reaper_verdict(
+            run, rule=verdict.rule, verdict=verdict.verdict, result=verdict.result
+        )
+        if verdict.verdict == Verdict.IN_DOUBT:
+            call = PendingTurn.for_reconciliation(run).call
+            tracing.in_doubt(run, by="reaper", call_name=call.name if call is not None else "")
 
 
 def _lapse_holds() -> int:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, transaction
 
-from agentruns import budgets, transitions
+from agentruns import budgets, tracing, transitions
 from agentruns.exceptions import StateWriteFailed
 from agentruns.leases import EventSpec
 from agentruns.models import Effect, EventKind, Status, TerminationReason
@@ -237,6 +237,7 @@ class Boundaries:
         if checked:
             dispatch.check_after_commit(str(self.seg.run.uuid))
         self._observe([doubt])
+        tracing.in_doubt(self.seg.run, by="segment", call_name=str(doubt.payload.get("name")))
         return Stop(Outcome.AWAITING_RECONCILIATION)
 
     def requeue(self, state: SegmentState, *, error: dict[str, Any], delay: float) -> Stop | None:

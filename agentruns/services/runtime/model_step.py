@@ -5,17 +5,19 @@ does (docs/design.md §6, §7.1, §14)."""
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 from typing import Any
 
 from django.db import DatabaseError
 
-from agentruns import budgets
+from agentruns import budgets, tracing
 from agentruns.exceptions import StateWriteFailed
 from agentruns.leases import EventSpec
 from agentruns.models import EventKind, Status, TerminationReason
 from agentruns.providers import Provider, ProviderError, ProviderReply
 from agentruns.providers.base import ToolCall
 from agentruns.providers.replies import check_reply
+from agentruns.services.runtime import token_stream
 from agentruns.services.runtime.boundaries import Boundaries
 from agentruns.services.runtime.failures import provider_error, retry_policy, settle_events
 from agentruns.services.runtime.results import Outcome, Stop
@@ -44,8 +46,9 @@ def ask_model(
     state.sent = sent
     provider = seg.provider()
     started = time.monotonic()
-    with LeaseTicker(seg.lease) as ticker:
+    with LeaseTicker(seg.lease) as ticker, _traced_call(state, seg, final=final) as span:
         reply = _complete(provider, state, seg, tools)
+        tracing.model_reply(span, reply)
     if isinstance(reply, ProviderError):
         budgets.release(reservation)
         if ticker.lost:
@@ -71,6 +74,19 @@ def ask_model(
 def offered_tools(gate: ToolGate) -> list[dict[str, Any]]:
     """The schemas of the tools offered to the model in a round that is not the final one."""
     return gate.offered()
+
+
+def _traced_call(
+    state: SegmentState, seg: Segment, *, final: bool
+) -> AbstractContextManager[tracing.Traced]:
+    """The provider call's span (``tracing.model_call``: the GenAI conventions)."""
+    return tracing.model_call(
+        provider=seg.config.provider,
+        model=seg.config.model,
+        max_tokens=seg.config.max_output_tokens,
+        messages=state.messages,
+        final=final,
+    )
 
 
 def _request(
@@ -105,8 +121,8 @@ def _complete(
     (``providers.replies``), or its failure."""
     try:
         return check_reply(
-            provider.complete(
-                messages=list(state.messages), tools=tools, run_uuid=str(seg.run.uuid)
+            token_stream.ask(  # provider.complete, or streamed to a live view (§6.8)
+                provider, messages=list(state.messages), tools=tools, run_uuid=str(seg.run.uuid)
             ),
             tokens_so_far=state.loop.usage.total_tokens,
         )

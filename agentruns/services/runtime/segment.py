@@ -23,7 +23,7 @@ import logging
 from functools import cache, partial
 from typing import Any
 
-from agentruns import metrics
+from agentruns import metrics, tracing
 from agentruns.conf import app_settings
 from agentruns.exceptions import StateWriteFailed
 from agentruns.leases import EventSpec, Lease
@@ -83,7 +83,10 @@ def continue_segment(
     state = SegmentState()
     # One session per remote server for this segment's calls (§4.5): closed when the segment
     # ends, or as soon as it learns its lease is lost (``Boundaries.lost``).
-    with session_scope() as sessions:
+    with (
+        session_scope() as sessions,
+        tracing.segment(seg.run, owner=lease.owner, epoch=lease.epoch) as span,
+    ):
         writer = Boundaries(seg, observer=observer, wake=wake, sessions=sessions)
         try:
             stop = _run(state, seg, writer, events)
@@ -94,6 +97,7 @@ def continue_segment(
             stop = Stop.of(Outcome.FAILED, error=exc.code)
         except Exception as exc:
             stop = settle_internal_error(lease, state.loop, exc)
+        span.set(leasehold__segment__outcome=str(stop.outcome))
     metrics.record_segment_end(lease=lease, lease_lost=stop.outcome == Outcome.LEASE_LOST)
     if not reload_run:
         return SegmentResult(stop.outcome, seg.run, stop.detail)

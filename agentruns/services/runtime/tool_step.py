@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from agentruns import transitions
+from agentruns import tracing, transitions
 from agentruns.conf import app_settings
 from agentruns.exceptions import WriteWithoutDurableExecution
 from agentruns.leases import EventSpec, Lease
@@ -86,9 +86,65 @@ def execute_tool_call(
     """Run one tool call behind the fence hook (an unknown tool is a refused write).
 
     Raises ``WriteWithoutDurableExecution`` (no lease, write effect) before the body runs.
-    ``checked``: the arguments were just accepted for this tool (``invoke_tool``).
+    ``checked``: the arguments were just accepted for this tool (``invoke_tool``). Traced as
+    one span (``tracing.tool_call``).
     """
     effect = tool.effect if tool is not None else Effect.NON_IDEMPOTENT_WRITE
+    with tracing.tool_call(
+        name=name,
+        call_id=call_id,
+        effect=str(effect),
+        idempotency_key=f"{run_uuid}:{call_id}",
+        arguments=arguments,
+    ) as span:
+        step = _execute_tool_call(
+            tool,
+            effect,
+            name,
+            call_id,
+            arguments,
+            lease,
+            initiator_id,
+            run_uuid,
+            loop_state,
+            checked,
+        )
+        _traced_outcome(span, step, effect=str(effect))
+    return step
+
+
+def _traced_outcome(span: tracing.Traced, step: ToolStep, *, effect: str) -> None:
+    """What the tool call's span records of how it ended."""
+    if not span.recording:
+        return
+    result = step.result
+    if result is None:
+        outcome = "interrupted" if step.interrupted else "not_started"
+    else:
+        outcome = "in_doubt" if result.in_doubt else "refused" if result.refused else "executed"
+    fenced = effect in WRITE_EFFECTS and result is not None
+    ok = None if result is None else result.ok
+    tracing.tool_outcome(
+        span,
+        outcome=outcome,
+        fenced=fenced,
+        ok=ok,
+        result=None if result is None else result.content,
+    )
+
+
+def _execute_tool_call(
+    tool: Tool | None,
+    effect: str,
+    name: str,
+    call_id: str,
+    arguments: Any,
+    lease: Lease | None,
+    initiator_id: int | None,
+    run_uuid: UUID,
+    loop_state: Mapping[str, Any] | None,
+    checked: bool,
+) -> ToolStep:
     call = Call(id=call_id, name=name, arguments=arguments, effect=str(effect))
     if not before_tool(effect=effect, lease=lease, call=call, loop_state=loop_state):
         return ToolStep(result=None, lease_lost=True)
