@@ -15,6 +15,7 @@ from django.utils.html import format_html, format_html_join
 
 from agentruns import selectors
 from agentruns.admin_runs import AgentRunAdmin, AgentRunEventAdmin
+from agentruns.admin_triggers import EventSourceAdmin, RunScheduleAdmin
 from agentruns.exceptions import LeaseholdError
 from agentruns.jsonview import pretty_json
 from agentruns.models import (
@@ -29,7 +30,8 @@ from agentruns.models import (
 from agentruns.services.mcp_sync import mcp_server_sync
 from agentruns.tools.mcp_tools import read_only_by_operator
 
-__all__ = ["AgentRunAdmin", "AgentRunEventAdmin"]  # registered by agentruns.admin_runs
+# Registered by agentruns.admin_runs and agentruns.admin_triggers.
+__all__ = ["AgentRunAdmin", "AgentRunEventAdmin", "EventSourceAdmin", "RunScheduleAdmin"]
 
 # A URL typed without a scheme is read as https (Django 6.0's default; Django 5.2 assumes http
 # and warns). The allowlist (``agentruns.outbound.webhook_target``, run by the model's ``clean``)

@@ -10,7 +10,7 @@ class AgentrunsConfig(AppConfig):
         """Let the tool registry resolve remote (MCP) tools, register the system checks, and let a
         django-q2 cluster told to stop tell its workers (``services.runtime.shutdown``).
         Idempotent."""
-        from agentruns import system_checks  # noqa: F401  (registers its checks)
+        from agentruns import system_checks, trigger_checks  # noqa: F401  (register checks)
         from agentruns.services.runtime import shutdown
         from agentruns.tools import mcp_tools
 

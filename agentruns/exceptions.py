@@ -239,3 +239,45 @@ class ChatApprovalRefused(LeaseholdError):
 
     code = "chat_approval_refused"
     status = 403
+
+
+class EventSourceNotFound(LeaseholdError):
+    """No configuration receives events at this address."""
+
+    code = "event_source_not_found"
+    status = 404
+
+
+class BadSignature(LeaseholdError):
+    """The event's signature or timestamp does not check out; nothing was read."""
+
+    code = "bad_signature"
+    status = 401
+
+
+class EventTooLarge(LeaseholdError):
+    """The event's body is too large; nothing was read."""
+
+    code = "request_too_large"
+    status = 413
+
+
+class EventIdReused(LeaseholdError):
+    """An event with this id but another body was received already; nothing changed."""
+
+    code = "event_id_reused"
+    status = 409
+
+
+class CorrelationKeyTaken(LeaseholdError):
+    """A run of this configuration was started with this correlation key already."""
+
+    code = "correlation_key_taken"
+    status = 409
+
+
+class CorrelationKeyUnknown(LeaseholdError):
+    """No run of this configuration was started with this correlation key."""
+
+    code = "correlation_key_unknown"
+    status = 404

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from agentruns.conf import app_settings
-from agentruns.services import notifications, reaper, reconciliation, retention, runs
+from agentruns.services import (
+    notifications,
+    reaper,
+    reconciliation,
+    retention,
+    runs,
+    scheduled_runs,
+)
 
 
 def process_run(run_uuid: str) -> str:
@@ -41,3 +48,9 @@ def notify_escalated(run_uuid: str) -> str:
     """Tell the group a run's wait was escalated to, at once (``deadline_sweep``); returns a
     summary line. Harmless twice: a person told already is not told again."""
     return notifications.notify_escalated(run_uuid=run_uuid).summary()
+
+
+def start_scheduled_runs() -> str:
+    """The scheduled pass over run schedules (``setup_schedules``, every minute); returns its
+    summary line. Harmless twice for one tick: each due time starts one run."""
+    return scheduled_runs.schedules_start_due().summary()

@@ -7,7 +7,7 @@ The schema and its docs pages (Swagger UI, Redoc; assets served from our own sta
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from agentruns.api import views
+from agentruns.api import events, views
 
 app_name = "api"
 
@@ -29,6 +29,8 @@ urlpatterns = [
     ),
     path("runs/<str:uuid>/cancel/", views.RunCancelView.as_view(), name="run-cancel"),
     path("runs/<str:uuid>/audit/", views.RunAuditView.as_view(), name="run-audit"),
+    # Signed by the sender, not a session or token (agentruns.api.events).
+    path("events/<str:slug>/", events.EventView.as_view(), name="events"),
     path("schema/", SpectacularAPIView.as_view(**_STAFF), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema", **_STAFF), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api:schema", **_STAFF), name="redoc"),

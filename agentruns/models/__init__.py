@@ -5,7 +5,8 @@
 - ``runs``: ``AgentRun`` and its append-only ``AgentRunEvent`` stream;
 - ``mcp``: ``McpServer``, a registered remote tool server;
 - ``bookkeeping``: ``Counter``, ``NotificationState``, ``SpendDay`` and ``SpendHold``;
-- ``chat_accounts``: ``SlackUser``, a Slack user mapped to the account its buttons act as.
+- ``chat_accounts``: ``SlackUser``, a Slack user mapped to the account its buttons act as;
+- ``triggers``: ``RunSchedule`` / ``ScheduledStart`` and ``EventSource`` / ``ReceivedEvent``.
 
 Import from here (``from agentruns.models import AgentRun``): every name is re-exported.
 Status, lease and fence columns are written only by ``agentruns.transitions``; nothing else may
@@ -46,6 +47,15 @@ from agentruns.models.bookkeeping import (
     SpendScope,
 )
 from agentruns.models.chat_accounts import SlackUser
+from agentruns.models.triggers import (
+    EventAction,
+    EventSource,
+    ReceivedEvent,
+    RunSchedule,
+    ScheduledStart,
+    ScheduleKind,
+    StartOutcome,
+)
 # isort: on
 
 __all__ = [
@@ -62,17 +72,24 @@ __all__ = [
     "ApprovalTimeoutAction",
     "Counter",
     "Effect",
+    "EventAction",
     "EventKind",
+    "EventSource",
     "McpServer",
     "McpTransport",
     "NotificationChannel",
     "NotificationState",
     "Provider",
+    "ReceivedEvent",
+    "RunSchedule",
+    "ScheduleKind",
+    "ScheduledStart",
     "Segment",
     "SlackUser",
     "SpendDay",
     "SpendHold",
     "SpendScope",
+    "StartOutcome",
     "Status",
     "TerminationReason",
 ]

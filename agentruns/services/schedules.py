@@ -18,6 +18,8 @@ RETENTION_SCHEDULE = "agentruns: purge old runs"
 RETENTION_TASK = "agentruns.tasks.purge_old_runs"
 NOTIFY_SCHEDULE = "agentruns: notify waiting runs"
 NOTIFY_TASK = "agentruns.tasks.notify_waiting"
+RUN_SCHEDULES_SCHEDULE = "agentruns: start scheduled runs"
+RUN_SCHEDULES_TASK = "agentruns.tasks.start_scheduled_runs"
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,8 @@ class ScheduleState:
 def schedules_setup() -> list[ScheduleState]:
     """Create or update the reaper's ``Schedule`` (every ``REAPER_INTERVAL_MINUTES``), the
     daily retention purge when ``RETENTION_DAYS`` is above 0 (removed when it is 0), and the
-    notification pass every minute when ``NOTIFY_INTERVAL`` is above 0 (removed when it is 0).
+    notification pass every minute when ``NOTIFY_INTERVAL`` is above 0 (removed when it is 0),
+    and the pass over run schedules (``RunSchedule``) every minute.
 
     ``update_or_create`` on the name: running it again changes nothing but the interval and
     function, and never resets a pending ``next_run``.
@@ -60,6 +63,7 @@ def schedules_setup() -> list[ScheduleState]:
             states.append(
                 ScheduleState(NOTIFY_SCHEDULE, NOTIFY_TASK, 0, False, True, "notifications are off")
             )
+    states.append(_ensure(RUN_SCHEDULES_SCHEDULE, RUN_SCHEDULES_TASK, 1))
     return states
 
 

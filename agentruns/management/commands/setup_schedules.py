@@ -13,7 +13,8 @@ class Command(BaseCommand):
     help = (
         "Create or update Leasehold's django-q2 schedules: the reaper, the retention purge "
         "when AGENTRUNS_RETENTION_DAYS is above 0, and the notification pass when "
-        "AGENTRUNS_NOTIFY_INTERVAL is above 0. Idempotent."
+        "AGENTRUNS_NOTIFY_INTERVAL is above 0, and the pass starting scheduled runs. "
+        "Idempotent."
     )
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -15,6 +15,7 @@ from drf_spectacular.validation import validate_schema
 from rest_framework.test import APIClient
 
 from agentruns.models import AgentRun
+from agentruns.services.runs import run_process_queued
 from tests.agentruns.factories import UserFactory
 from tests.agentruns.support.api import (
     DECIDE,
@@ -25,6 +26,7 @@ from tests.agentruns.support.api import (
     waiting_for_approval,
     waiting_for_input,
 )
+from tests.agentruns.support.triggers import SECRET, SECRET_ENV, event_source, signed
 
 
 @pytest.fixture
@@ -182,6 +184,12 @@ def _cases(api: APIClient) -> dict[str, list[tuple[str, str, dict | None, int]]]
             ("get", f"/api/runs/{doubt.uuid}/audit/", None, 200),
             ("get", f"/api/runs/{unknown}/audit/", None, 404),
         ],
+        # Signed by the sender, not signed in (agentruns.api.events): 401 without a signature;
+        # signed requests are in test_the_event_endpoint_answers_as_documented.
+        "events_receive": [
+            ("post", "/api/events/events/", {"id": "e"}, 401),
+            ("post", "/api/events/nope/", {"id": "e"}, 404),
+        ],
         "runs_cancel": [
             ("post", f"/api/runs/{mine.uuid}/cancel/", None, 200),
             # Someone else's run needs agentruns.cancel_agentrun (docs/design.md §12.1).
@@ -199,7 +207,9 @@ def _operations(schema: dict[str, Any]) -> dict[str, tuple[str, str, dict[str, A
     }
 
 
-def test_every_documented_operation_answers_as_documented(api, schema):
+def test_every_documented_operation_answers_as_documented(api, schema, monkeypatch):
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    event_source()
     operations = _operations(schema)
     cases = _cases(api)
     assert set(operations) == set(cases), "every documented operation needs a case here"
@@ -215,3 +225,29 @@ def test_every_documented_operation_answers_as_documented(api, schema):
         response = getattr(anonymous, method)(requests[0][1], requests[0][2], format="json")
         assert_matches(schema, operation, response)
         assert response.status_code == 401
+
+
+def test_the_event_endpoint_answers_as_documented(schema, monkeypatch):
+    """Signed events: started (202), replayed (200), refused input (422), a reused id (409)."""
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    event_source()
+    _, _, operation = _operations(schema)["events_receive"]
+    client = APIClient()
+    url = "/api/events/events/"
+    start = signed({"id": "s", "correlation_key": "k", "data": {"n": 1}})
+    for request, expected in [
+        (start, 202),
+        (start, 200),
+        (signed({"id": "s", "data": {"n": 2}}), 409),
+        (signed({"id": "i", "correlation_key": "k", "input": {"answer": "x"}}), 409),
+        (signed(b"[]"), 400),
+    ]:
+        response = client.post(url, **request)
+        assert response.status_code == expected, response.content
+        assert_matches(schema, operation, response)
+    run_process_queued(run_uuid=client.post(url, **start).json()["run"])
+    refused = client.post(
+        url, **signed({"id": "i", "correlation_key": "k", "input": {"priority": "x"}})
+    )
+    assert refused.status_code == 422
+    assert_matches(schema, operation, refused)

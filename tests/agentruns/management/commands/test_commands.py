@@ -16,7 +16,12 @@ from django.test import override_settings
 from django_q.models import Schedule
 
 from agentruns.models import AgentRun, AgentRunEvent, EventKind, Status
-from agentruns.services.schedules import NOTIFY_SCHEDULE, REAPER_SCHEDULE, REAPER_TASK
+from agentruns.services.schedules import (
+    NOTIFY_SCHEDULE,
+    REAPER_SCHEDULE,
+    REAPER_TASK,
+    RUN_SCHEDULES_SCHEDULE,
+)
 from tests.agentruns.factories import HOLDER, AgentRunFactory
 from tests.support.processes import ROOT, process_env
 
@@ -233,8 +238,9 @@ def test_setup_schedules_creates_the_reaper_schedule_once():
     first = run_command("setup_schedules")
     second = run_command("setup_schedules")
 
-    # The reaper's, and the notification pass's (on by default; services/test_notifications.py).
-    [schedule] = Schedule.objects.exclude(name=NOTIFY_SCHEDULE)
+    # The reaper's, and the notification pass's (on by default; services/test_notifications.py)
+    # and the run schedules' pass (services/test_scheduled_runs.py).
+    [schedule] = Schedule.objects.exclude(name__in=[NOTIFY_SCHEDULE, RUN_SCHEDULES_SCHEDULE])
     assert (schedule.name, schedule.func) == (REAPER_SCHEDULE, REAPER_TASK)
     assert schedule.schedule_type == Schedule.MINUTES
     assert schedule.minutes == settings.AGENTRUNS["REAPER_INTERVAL_MINUTES"]
