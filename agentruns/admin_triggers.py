@@ -9,8 +9,8 @@ from django.contrib import admin
 from django.forms import ModelForm
 from django.http import HttpRequest
 
+from agentruns.event_requests import signing_secret
 from agentruns.models import EventSource, ReceivedEvent, RunSchedule, ScheduledStart
-from agentruns.services.events import signing_secret
 
 TIMING_FIELDS = ("kind", "cron", "interval_seconds", "time_zone")
 

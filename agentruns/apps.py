@@ -11,6 +11,7 @@ class AgentrunsConfig(AppConfig):
         django-q2 cluster told to stop tell its workers (``services.runtime.shutdown``).
         Idempotent."""
         from agentruns import system_checks, trigger_checks  # noqa: F401  (register checks)
+        from agentruns.external import checks  # noqa: F401  (registers its checks)
         from agentruns.services.runtime import shutdown
         from agentruns.tools import mcp_tools
 

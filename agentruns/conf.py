@@ -122,6 +122,9 @@ DEFAULTS: dict[str, Any] = {
     # playground's live view as the model writes them (docs/design.md §6.8). Only a segment a
     # live view watches streams; nothing of a stream is stored but the answer.
     "STREAM_TOKENS": True,
+    # Largest framework state an external agent loop may store with its run (bytes of JSON:
+    # a LangGraph thread id, an Agents SDK RunState); larger is refused (agentruns.external).
+    "EXTERNAL_STATE_MAX_BYTES": 1_048_576,
 }
 
 
@@ -156,6 +159,7 @@ class AgentrunsSettings:
     ledger_key: str
     otel_capture_content: bool
     stream_tokens: bool
+    external_state_max_bytes: int
 
 
 PARSERS: dict[str, Parser] = {
@@ -185,6 +189,7 @@ PARSERS: dict[str, Parser] = {
     "LEDGER_KEY": parse_text,
     "OTEL_CAPTURE_CONTENT": parse_boolean,
     "STREAM_TOKENS": parse_boolean,
+    "EXTERNAL_STATE_MAX_BYTES": parse_integer(1),
 }
 
 

@@ -29,6 +29,8 @@ LEASE_ACTIONS = {
     "requeued": "handed back to the queue for a retry",
     "handed_back": "handed back to the queue: its worker was stopping",
     "abandoned": "abandoned: the client went away mid-stream",
+    "claimed_by_loop": "claimed by its agent loop",
+    "released": "released by its agent loop",
 }
 REAPER_RULES = {
     "fence": "a write was in flight when its lease expired",

@@ -84,6 +84,7 @@ class LlmPayload(TypedDict, total=False):
     normalised: list[str]  # what ``providers.replies`` normalised before storing it
     cost: str  # a decimal string, when the configuration is priced
     usage_unknown: bool  # the provider reported no usage (charged 0)
+    framework: str  # the calls an external agent loop proposed (``agentruns.external``)
 
 
 class ToolPayload(TypedDict, total=False):
@@ -167,6 +168,7 @@ class LeasePayload(TypedDict, total=False):
     abandon (``transitions.endings.run_abandon``)."""
 
     action: str  # a key of ``display.LEASE_ACTIONS``
+    framework: str  # the external agent loop's framework (``agentruns.external``)
     retry_in_seconds: float
     error: ErrorPayload
     note: str

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentruns.exceptions import BadSignature, InvalidRequest
-from agentruns.models.triggers import EVENT_KEY_MAX
+from agentruns.models.triggers import EVENT_KEY_MAX, EventSource
+from agentruns.secrets import SecretEnvRefused, read_secret_env
 from agentruns.storable import json_problem, text_problem
 
 TIMESTAMP_HEADER = "X-Leasehold-Timestamp"
@@ -141,3 +142,13 @@ def as_prompt(instructions: str, event: Event) -> str:
 
 def _attribute(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)[1:-1].replace("<", "\\u003c")
+
+
+def signing_secret(source: EventSource) -> str | None:
+    """The source's signing secret; None when its variable is unset, blank or refused by the
+    secret rule (``agentruns.secrets``)."""
+    try:
+        secret = read_secret_env(source.secret_env, what=f"events of {source.configuration.slug}")
+    except SecretEnvRefused:
+        return None
+    return secret if secret and secret.strip() else None

@@ -73,10 +73,13 @@ def request(p: RequestPayload) -> str:
 
 def llm(p: LlmPayload) -> str:
     calls = _calls(p.get("tool_calls"))
+    framework = p.get("framework")
+    # An external loop's model (docs/external.md): named, never priced by Leasehold.
+    via = f", through {framework}" if isinstance(framework, str) and framework else ""
     if calls:
-        return f"The model proposed: {calls}{_cost(p)}"
+        return f"The model proposed{via}: {calls}{_cost(p)}"
     content = str(p.get("content") or "")
-    answered = f"The model answered: {content[:QUOTED]}" if content else "The model answered"
+    answered = f"The model answered{via}: {content[:QUOTED]}" if content else "The model answered"
     return answered + _cost(p)
 
 
@@ -153,7 +156,9 @@ def check(p: CheckPayload) -> str:
 
 
 def lease(p: LeasePayload) -> str:
-    return display.lookup(display.LEASE_ACTIONS, p.get("action"))
+    action = display.lookup(display.LEASE_ACTIONS, p.get("action"))
+    framework = p.get("framework")
+    return f"{action} ({framework})" if isinstance(framework, str) and framework else action
 
 
 def reaper(p: ReaperPayload) -> str:

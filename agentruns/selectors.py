@@ -201,13 +201,14 @@ def unclaimed_queued_runs(*, older_than_seconds: float) -> QuerySet[AgentRun]:
 
     Served by the ``(status, created_at)`` index's leading column; ``updated_at`` is bumped by
     every transition (and by each redispatch), so a run is redispatched at most once per period.
+    A run an external agent loop drives is not one: no worker would claim it (docs/external.md).
     """
     cutoff = ExpressionWrapper(
         Now() - Value(timedelta(seconds=older_than_seconds)), output_field=DateTimeField()
     )
-    return AgentRun.objects.filter(status=Status.QUEUED, updated_at__lt=cutoff).order_by(
-        "updated_at", "pk"
-    )
+    return AgentRun.objects.filter(
+        status=Status.QUEUED, updated_at__lt=cutoff, external_framework=""
+    ).order_by("updated_at", "pk")
 
 
 def run_list(

@@ -103,6 +103,13 @@ class AgentRun(models.Model):
     # of ("" with a trace id: the sampler dropped the run). Both "": no trace.
     trace_id = models.CharField(max_length=32, blank=True, default="", editable=False)
     trace_span_id = models.CharField(max_length=16, blank=True, default="", editable=False)
+    # A run driven by an agent loop outside Leasehold (``agentruns.external``): the framework's
+    # name ("langgraph", "openai-agents"; "" for a run Leasehold's own loop drives) and its saved
+    # state (a LangGraph thread id, an Agents SDK ``RunState``), opaque to Leasehold and bounded
+    # (``EXTERNAL_STATE_MAX_BYTES``). Nothing of Leasehold's loop, worker or inline decision
+    # ever continues such a run: its external loop claims it again (docs/external.md).
+    external_framework = models.CharField(max_length=64, blank=True, default="")
+    external_state = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

@@ -67,6 +67,7 @@ class TerminationReason(models.TextChoices):
     BUDGET_EXHAUSTED = "budget_exhausted", "its daily budget was spent"
     BAD_RESPONSE = "bad_response", "the provider's reply was malformed or could not be stored"
     BAD_OUTPUT = "bad_output", "its final answer did not match the output schema"
+    EXTERNAL_FAILED = "external_failed", "its external agent loop reported a failure"
 
 
 class EventKind(models.TextChoices):

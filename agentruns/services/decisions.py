@@ -187,7 +187,8 @@ def hand_on(
             decided.lease, observer=observer, run=decided.run, events=decided.events
         )
     if decided.run.status == Status.QUEUED:
-        dispatch.wake_after_commit(str(decided.run.uuid))
+        if not decided.run.external_framework:  # its own agent loop claims an external run
+            dispatch.wake_after_commit(str(decided.run.uuid))
         return SegmentResult(Outcome.QUEUED, decided.run)
     return SegmentResult(Outcome.FAILED, decided.run)
 

@@ -26,7 +26,7 @@ from django.db import IntegrityError, transaction
 
 from agentruns import event_requests
 from agentruns.authority import start_authority
-from agentruns.event_requests import Event
+from agentruns.event_requests import Event, signing_secret
 from agentruns.exceptions import (
     CorrelationKeyTaken,
     CorrelationKeyUnknown,
@@ -35,10 +35,8 @@ from agentruns.exceptions import (
     LeaseholdError,
     NotPermitted,
     NotWaiting,
-    SecretEnvRefused,
 )
 from agentruns.models import AgentRun, EventAction, EventSource, ReceivedEvent, Status
-from agentruns.secrets import read_secret_env
 from agentruns.services import runs
 from agentruns.services._common import User
 from agentruns.tools.shown import shown_turn
@@ -73,16 +71,6 @@ def event_source(*, slug: str) -> tuple[EventSource, str]:
     if secret is None:
         raise EventSourceNotFound()
     return source, secret
-
-
-def signing_secret(source: EventSource) -> str | None:
-    """The source's signing secret; None when its variable is unset, blank or refused by the
-    secret rule (``agentruns.secrets``)."""
-    try:
-        secret = read_secret_env(source.secret_env, what=f"events of {source.configuration.slug}")
-    except SecretEnvRefused:
-        return None
-    return secret if secret and secret.strip() else None
 
 
 def event_receive(

@@ -41,11 +41,17 @@ class Tail:
 
 
 def claim(
-    *, run_uuid: UUID, tail: Tail, identity: str, events: list[EventSpec]
+    *,
+    run_uuid: UUID,
+    tail: Tail,
+    identity: str,
+    events: list[EventSpec],
+    external_framework: str = "",
 ) -> tuple[Lease, AgentRun] | None:
     """Claim the run ``run_uuid`` if it is queued and its tail is ``tail``: ``running``, claimed
     by ``identity`` until the database clock plus ``LEASE_SECONDS``, epoch + 1, ``events``
-    appended and chained. The lease and the row as the claim left it (with its configuration on
+    appended and chained; only a run driven by ``external_framework`` ("": Leasehold's own loop,
+    docs/external.md). The lease and the row as the claim left it (with its configuration on
     PostgreSQL); ``None``: the guard matched nothing (nothing written)."""
     epoch = tail.epoch + 1
     links, head = ledger.chain(
@@ -67,6 +73,7 @@ def claim(
         "expected_epoch": tail.epoch,
         "first_sequence": tail.sequence,
         "expected_head": tail.stored_head,
+        "external_framework": external_framework,
     }
     rows = event_rows(tail.sequence, (identity, epoch), events, links)
     run = write_with_events("claim", params, rows)

@@ -141,7 +141,8 @@ def record_decision(
     block this must be called in — and hand it on.
 
     With ``identity`` the run continues inline: ``running``, claimed by ``identity`` (a
-    ``resume:`` segment), epoch + 1. Without, it is ``queued`` for a worker. The wait's
+    ``resume:`` segment), epoch + 1. Without, it is ``queued`` for a worker. A run an external
+    agent loop drives is always queued, for that loop to claim (docs/external.md). The wait's
     ``approval_deadline`` and ``approval_timeout_action`` are cleared by the same ``UPDATE``.
     ``decision`` is recorded in the loop state (``turns.with_decision``) and ``event`` is
     appended in the same transaction: audited if and only if it took effect.
@@ -150,6 +151,8 @@ def record_decision(
     ``decide_queue`` or ``decide_resume``).
     """
     _under_lock(run)
+    if run.external_framework:
+        identity = None  # its own agent loop continues it, never Leasehold's (docs/external.md)
     state = with_decision(run.loop_state, decision=decision, turn_digest=turn_digest)
     params: dict[str, Any] = {"status": expected_status, "loop_state": state}
     lease = None

@@ -55,10 +55,16 @@ def run_start(
     prompt: str,
     request: Mapping[str, Any],
     identity: str,
+    external_framework: str = "",
+    external_state: Any = None,
 ) -> Lease:
-    """Insert a ``running`` run claimed at birth by ``identity`` with epoch 1."""
+    """Insert a ``running`` run claimed at birth by ``identity`` with epoch 1; with
+    ``external_framework``, a run that agent loop drives (its ``external_state`` saved with it,
+    its name in the birth event: docs/external.md)."""
     run_uuid = uuid.uuid4()
     born = [birth_event()]
+    if external_framework:
+        born[0].payload["framework"] = external_framework
     links, head = ledger.chain(
         run_uuid=run_uuid,
         prev_hash=ledger.genesis(run_uuid),
@@ -81,6 +87,8 @@ def run_start(
             ),
             lease_epoch=1,
             started_at=Now(),
+            external_framework=external_framework,
+            external_state=external_state,
             **{ledger.HEAD_FIELD: head, ledger.SEQUENCE_FIELD: len(born)},
             **_traced(run_uuid, configuration, initiator_id, "sync", prompt),
         )
@@ -138,7 +146,11 @@ CLAIM_ATTEMPTS = 3
 
 @state_write
 def run_claim_queued_row(
-    *, identity: str, run_id: int | None = None, run_uuid: UUID | str | None = None
+    *,
+    identity: str,
+    run_id: int | None = None,
+    run_uuid: UUID | str | None = None,
+    external_framework: str = "",
 ) -> Claimed | None:
     """Claim a ``queued`` run, named by ``run_id`` or ``run_uuid``: ``running``, a lease for
     ``identity`` until the database clock plus ``LEASE_SECONDS``, epoch + 1, and a ``lease``
@@ -151,10 +163,18 @@ def run_claim_queued_row(
     nothing, the row is read and the guard tried with what it holds. ``None`` means another
     worker won, the run is no longer queued (cancelled, already running, terminal) or there is
     no such run: do nothing.
+
+    ``external_framework``: claim only a run that agent loop drives ("", the default: only a run
+    Leasehold's own loop drives — a worker never takes an external run, docs/external.md); its
+    ``lease`` event is ``claimed_by_loop`` naming the framework.
     """
     if (run_id is None) == (run_uuid is None):
         raise ValueError("name the run by run_id or by run_uuid")
-    events = [EventSpec(EventKind.LEASE, {"action": "claimed"})]
+    action: dict[str, Any] = {"action": "claimed"}
+    if external_framework:
+        action = {"action": "claimed_by_loop", "framework": external_framework}
+    events = [EventSpec(EventKind.LEASE, action)]
+    external = {"external_framework": external_framework}
     if run_uuid is not None:
         try:
             named = RUN_FIELDS["uuid"].to_python(run_uuid)
@@ -163,13 +183,22 @@ def run_claim_queued_row(
         if named is None:
             return None
         tail = _claim.Tail.unclaimed(named)
-        claimed = _claim.claim(run_uuid=named, tail=tail, identity=identity, events=events)
+        claimed = _claim.claim(
+            run_uuid=named, tail=tail, identity=identity, events=events, **external
+        )
         if claimed is not None:
             return _claimed(claimed, tail, events)
         where = Q(uuid=named)
     else:
         where = Q(pk=run_id)
-    fields = ("uuid", "status", "lease_epoch", ledger.SEQUENCE_FIELD, ledger.HEAD_FIELD)
+    fields = (
+        "uuid",
+        "status",
+        "lease_epoch",
+        ledger.SEQUENCE_FIELD,
+        ledger.HEAD_FIELD,
+        "external_framework",
+    )
     for _ in range(CLAIM_ATTEMPTS):
         try:
             row = AgentRun.objects.filter(where).values(*fields).first()
@@ -177,10 +206,14 @@ def run_claim_queued_row(
             return None
         if row is None or row["status"] != Status.QUEUED:
             return None
+        if row["external_framework"] != external_framework:
+            return None
         tail = _claim.Tail(
             row["lease_epoch"], row[ledger.SEQUENCE_FIELD], row[ledger.HEAD_FIELD], row["uuid"]
         )
-        claimed = _claim.claim(run_uuid=row["uuid"], tail=tail, identity=identity, events=events)
+        claimed = _claim.claim(
+            run_uuid=row["uuid"], tail=tail, identity=identity, events=events, **external
+        )
         if claimed is not None:
             return _claimed(claimed, tail, events)
     return None

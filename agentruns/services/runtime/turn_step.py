@@ -296,3 +296,25 @@ def _preview_changed(
     turn.approved = None
     changed = preview_changed_event(call, approved, fresh)
     return writer.write(state, [changed]) or suspend_for_approval(state, seg, writer, turn)
+
+
+# -- one call at a time (an external agent loop, docs/external.md) --
+
+
+def run_call(
+    state: SegmentState, seg: Segment, writer: Boundaries, turn: Turn, call: Call
+) -> Stop | None:
+    """Run one call of ``turn`` (``state.loop.turn``) as ``run_turn`` runs it, for a caller whose
+    framework executes a turn's calls one by one (``agentruns.external``): the turn's arguments
+    checked first, the whole turn suspended while it waits for a decision (reads included, as
+    ``run_turn``), then the call denied, waiting for input, re-checked (compare-and-swap) or run
+    behind the fence, its ``tool`` event written at once (never deferred: nothing of Leasehold's
+    follows it). ``None``: the call is done."""
+    refused, accepted = _check_arguments(turn, seg.gate)
+    if refused and (stop := writer.write(state, refused)):
+        return stop
+    if call.id in turn.done:
+        return None
+    if waits_for_approval(turn, seg.gate):
+        return suspend_for_approval(state, seg, writer, turn)
+    return _run_call(state, seg, writer, turn, call, accepted, last_of_turn=False)

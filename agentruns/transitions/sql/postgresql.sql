@@ -295,8 +295,9 @@ SELECT id FROM run;
 -- A worker claims the queued run named by %(uuid)s: running, claimed by %(owner)s until the
 -- clock plus the lease, epoch %(epoch)s, started now unless it started before; its lease event
 -- appended. Returns the row as claimed, then its configuration's columns.
--- Guard: queued, and the tail its event is chained from, as the claim expects it:
--- lease_epoch, next_sequence and ledger_head.
+-- Guard: queued, driven by %(external_framework)s ('' for Leasehold's own loop: a worker
+-- never claims a run an external agent loop drives, nor that loop a native run), and the tail
+-- its event is chained from, as the claim expects it: lease_epoch, next_sequence, ledger_head.
 WITH run AS (
     UPDATE agentruns_agentrun
        SET status = 'running',
@@ -309,6 +310,7 @@ WITH run AS (
            updated_at = STATEMENT_TIMESTAMP()
      WHERE uuid = %(uuid)s
        AND status = 'queued'
+       AND external_framework = %(external_framework)s
        AND lease_epoch = %(expected_epoch)s
        AND next_sequence = %(first_sequence)s
        AND ledger_head = %(expected_head)s

@@ -204,8 +204,9 @@ RETURNING id;
 -- A worker claims the queued run named by %(uuid)s: running, claimed by %(owner)s until the
 -- clock plus the lease, epoch %(epoch)s, started now unless it started before. Returns the row
 -- as claimed.
--- Guard: queued, and the tail its event is chained from, as the claim expects it:
--- lease_epoch, next_sequence and ledger_head.
+-- Guard: queued, driven by %(external_framework)s ('' for Leasehold's own loop: a worker
+-- never claims a run an external agent loop drives, nor that loop a native run), and the tail
+-- its event is chained from, as the claim expects it: lease_epoch, next_sequence, ledger_head.
 UPDATE agentruns_agentrun
    SET status = 'running',
        claimed_by = %(owner)s,
@@ -218,6 +219,7 @@ UPDATE agentruns_agentrun
        updated_at = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')
  WHERE uuid = %(uuid)s
    AND status = 'queued'
+   AND external_framework = %(external_framework)s
    AND lease_epoch = %(expected_epoch)s
    AND next_sequence = %(first_sequence)s
    AND ledger_head = %(expected_head)s
