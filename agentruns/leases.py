@@ -54,6 +54,9 @@ class Decided:
     lease: Lease | None
     # The decision's event as written (for an observer: a live trace shows who decided).
     event: EventSpec | None = None
+    # Every event of the run, the decision's included, when the decision read them under the
+    # row lock (inline, on PostgreSQL), in sequence order; ``None``: the continuation reads them.
+    events: list[AgentRunEvent] | None = None
 
 
 @dataclass

@@ -83,17 +83,20 @@ def _require_decider(actor: User) -> None:
         raise NotPermitted("deciding needs the agentruns.decide_agentrun permission")
 
 
-def _require_runnable(run: AgentRun, *, tools: bool) -> AgentConfiguration:
+def _require_runnable(
+    run: AgentRun, *, tools: bool, pending: PendingTurn | None = None
+) -> AgentConfiguration:
     """Refuse (``UnreadableState``, with the reason) a decision that would continue ``run`` when
     its configuration was deactivated while it waited, or — ``tools``: the decision lets calls
     run — when a tool the turn shows as known is no longer registered. Cancel still works.
-    Under the row lock (a decision's check); the configuration, read afresh."""
+    Under the row lock (a decision's check); the configuration, read afresh; ``pending``: the
+    locked row's pending turn, when the caller read it already."""
     # Read with the locked row, in the same statement (``transitions.deciding._lock_run``).
     configuration = run.configuration
     if not configuration.is_active:
         raise UnreadableState("its configuration was deactivated while it waited; cancel it")
     if tools:
-        for call in read_pending_turn(run).calls:
+        for call in (pending or read_pending_turn(run)).calls:
             if call.known and registry.get(call.name) is None:
                 raise UnreadableState(f"tool {call.name!r} is no longer registered; cancel it")
     return configuration
@@ -114,10 +117,10 @@ def runnable_without_tools(run: AgentRun) -> None:
     _require_runnable(run, tools=False)
 
 
-def _four_eyes(actor: User, run: AgentRun) -> None:
+def _four_eyes(actor: User, run: AgentRun, pending: PendingTurn) -> None:
     """Refuse (``SelfApprovalRefused``) an approval of the whole turn by the run's initiator, or
     by the person who edited one of its calls, when its configuration requires a second
-    approver (read with the locked row)."""
+    approver (read with the locked row; ``pending``, its pending turn)."""
     configuration = run.configuration
     if not configuration.require_second_approver:
         return
@@ -128,23 +131,29 @@ def _four_eyes(actor: User, run: AgentRun) -> None:
             configuration=configuration,
             call=call,
         )
-        for call in read_pending_turn(run).calls
+        for call in pending.calls
     ):
         raise SelfApprovalRefused()
 
 
-def _require_authority(actor: User, run: AgentRun, configuration: AgentConfiguration) -> Authority:
+def _require_authority(
+    actor: User,
+    run: AgentRun,
+    configuration: AgentConfiguration,
+    pending: PendingTurn | None = None,
+) -> Authority:
     """Refuse (``NotPermitted``, naming what is missing) unless ``actor`` may approve the locked
     run's pending turn or give a landed / not landed verdict on it (docs/design.md §5.6).
 
     Runs under the row lock: the calls are read from the locked row; ``configuration`` (its
     approver group), the actor's permissions and group memberships afresh (``Decider.afresh``:
-    not the permissions cached on ``actor`` when the decision started).
+    not the permissions cached on ``actor`` when the decision started). ``pending``: the locked
+    row's pending turn, when the caller read it already.
     """
     authority = approval_authority(
         user=Decider.afresh(actor),
         configuration=configuration,
-        pending=read_pending_turn(run),
+        pending=pending or read_pending_turn(run),
         escalated_to=escalation_of(run),
     )
     if not authority.allowed:
@@ -172,8 +181,11 @@ def hand_on(
             on_claim(decided.lease)
         if observer is not None and decided.event is not None:
             observer(decided.event)  # committed: a live trace shows the decision, then its steps
-        # The row the decision locked and wrote is handed on: not read again.
-        return continue_segment(decided.lease, observer=observer, run=decided.run)
+        # The row the decision locked and wrote, and the events it read, are handed on: not
+        # read again.
+        return continue_segment(
+            decided.lease, observer=observer, run=decided.run, events=decided.events
+        )
     if decided.run.status == Status.QUEUED:
         if not decided.run.external_framework:  # its own agent loop claims an external run
             dispatch.wake_after_commit(str(decided.run.uuid))
@@ -240,10 +252,11 @@ def run_decide(
         run_uuid, expected_status=Status.WAITING_FOR_APPROVAL, turn_digest=turn_digest
     ) as run:
         _not_expired(run)
-        configuration = _require_runnable(run, tools=approved)
+        pending = read_pending_turn(run)  # once: the checks and the event read the same turn
+        configuration = _require_runnable(run, tools=approved, pending=pending)
         if approved:
-            authority = _require_authority(actor, run, configuration)
-            _four_eyes(actor, run)
+            authority = _require_authority(actor, run, configuration, pending)
+            _four_eyes(actor, run, pending)
         else:
             authority = deciding_authority(actor)
         decided = transitions.record_decision(
@@ -266,7 +279,7 @@ def run_decide(
                     "turn_digest": turn_digest,
                     "mode": mode,
                     "decider": actor.get_username(),
-                    "calls": [{"id": c.id, "name": c.name} for c in read_pending_turn(run).calls],
+                    "calls": [{"id": c.id, "name": c.name} for c in pending.calls],
                     "authority": authority.as_payload(),
                     **({"reason": reason} if reason else {}),
                 },
@@ -290,10 +303,11 @@ def _decide_per_call(
         run_uuid, expected_status=Status.WAITING_FOR_APPROVAL, turn_digest=turn_digest
     ) as run:
         _not_expired(run)
-        calls = read_pending_turn(run).calls
+        pending = read_pending_turn(run)  # once: the checks and the event read the same turn
+        calls = pending.calls
         verdicts = in_turn_order(verdicts, calls)
         runs_tools = any(v.verdict in (APPROVE, EDIT) for v in verdicts)
-        configuration = _require_runnable(run, tools=runs_tools)
+        configuration = _require_runnable(run, tools=runs_tools, pending=pending)
         require_valid_edits(run, verdicts, calls)
         authority = require_call_authority(actor, run, configuration, verdicts, calls)
         require_second_approver(actor, run, verdicts, calls)

@@ -50,7 +50,12 @@ _COLUMNS: dict[type[Model], dict[str, Field[Any, Any]]] = {
     model: {f.column: f for f in model._meta.concrete_fields}
     for model in (AgentRun, AgentConfiguration)
 }
+_ATTNAMES: dict[type[Model], list[str]] = {
+    model: [f.attname for f in model._meta.concrete_fields] for model in _COLUMNS
+}
 _CREATED_AT = AgentRunEvent._meta.get_field("created_at")
+#: A last column a statement may return: the run's events (``known_events``).
+KNOWN_EVENTS = "known_events"
 #: The parameters of a write that appends no events: its ledger tail is kept.
 NO_EVENTS: dict[str, Any] = {"first_sequence": None, "head": None, "next_sequence": None}
 
@@ -118,9 +123,10 @@ def execute(statement: str, params: Mapping[str, Any]) -> tuple[list[str], list[
     bound = {name: _bound(db, name, value) for name, value in params.items()}
     with transaction.mark_for_rollback_on_error(db.alias), _cursor(db) as cursor:
         cursor.execute(sql(db, statement), bound)
-        if cursor.description is None:
+        description = cursor.description  # psycopg builds it anew on every access: read once
+        if description is None:
             return [], []
-        return [column[0] for column in cursor.description], cursor.fetchall()
+        return [column[0] for column in description], cursor.fetchall()
 
 
 def write(statement: str, params: Mapping[str, Any]) -> AgentRun | None:
@@ -134,9 +140,17 @@ def write(statement: str, params: Mapping[str, Any]) -> AgentRun | None:
     return _row(connections[DEFAULT_DB_ALIAS], names, rows[0])
 
 
+def written_row(names: list[str], values: Sequence[Any]) -> AgentRun:
+    """The run of a row a named statement returned (``execute``), as ``write`` builds it."""
+    return _row(connections[DEFAULT_DB_ALIAS], names, values)
+
+
 def _row(db: BaseDatabaseWrapper, names: list[str], values: Sequence[Any]) -> AgentRun:
     """The run of a returned row; the columns after its own (from the first repeated name on)
-    are its configuration's."""
+    are its configuration's; a last column ``known_events`` is kept for ``known_events``."""
+    events = None
+    if names and names[-1] == KNOWN_EVENTS:
+        names, values, events = names[:-1], values[:-1], values[-1]
     split = len(names)
     for index, name in enumerate(names):
         if name in names[:index] or name not in _COLUMNS[AgentRun]:
@@ -145,7 +159,22 @@ def _row(db: BaseDatabaseWrapper, names: list[str], values: Sequence[Any]) -> Ag
     run = _instance(db, AgentRun, names[:split], values[:split])
     if split < len(names) and values[split] is not None:
         run.configuration = _instance(db, AgentConfiguration, names[split:], values[split:])
+    if events is not None:
+        run.__dict__[KNOWN_EVENTS] = events
     return run
+
+
+def known_events(row: AgentRun) -> list[AgentRunEvent] | None:
+    """The run's events a statement returned with ``row`` as its last column ``known_events``
+    (a JSON array of ``[sequence, kind, payload]``, in sequence order: ``decide_resume`` on
+    PostgreSQL), as events a transcript rebuilds from; ``None`` when it returned none."""
+    raw = row.__dict__.get(KNOWN_EVENTS)
+    if not isinstance(raw, str):
+        return None
+    return [
+        AgentRunEvent(run_id=row.pk, sequence=sequence, kind=kind, payload=payload)
+        for sequence, kind, payload in json.loads(raw)
+    ]
 
 
 def _instance(
@@ -153,16 +182,33 @@ def _instance(
 ) -> M:
     """A ``model`` instance from a row's columns, each value converted as the ORM converts a
     value it reads (the backend's converters, then the field's ``from_db_value``)."""
-    columns = _COLUMNS[model]
     loaded: dict[str, Any] = {}
-    for name, value in zip(names, values, strict=True):
+    for (attname, col, converters), value in zip(
+        _converters(db, model, tuple(names)), values, strict=True
+    ):
+        for convert in converters:
+            value = convert(value, col, db)
+        loaded[attname] = value
+    fields = _ATTNAMES[model]
+    return model.from_db(db.alias, fields, [loaded.get(name, DEFERRED) for name in fields])
+
+
+@functools.lru_cache(maxsize=256)
+def _converters(
+    db: BaseDatabaseWrapper, model: type[Model], names: tuple[str, ...]
+) -> list[tuple[str, Any, list[Any]]]:
+    """Per returned column of ``model``: its attribute name, its column expression and the
+    converters the ORM applies to a value read from it (the backend's, then the field's). The
+    same for every row a statement returns on one connection: found once per column list."""
+    columns = _COLUMNS[model]
+    found = []
+    for name in names:
         field = columns[name]
         col = field.get_col(model._meta.db_table)
-        for convert in [*db.ops.get_db_converters(col), *col.get_db_converters(db)]:
-            value = convert(value, col, db)
-        loaded[field.attname] = value
-    fields = [f.attname for f in model._meta.concrete_fields]
-    return model.from_db(db.alias, fields, [loaded.get(name, DEFERRED) for name in fields])
+        found.append(
+            (field.attname, col, [*db.ops.get_db_converters(col), *col.get_db_converters(db)])
+        )
+    return found
 
 
 def show(run: AgentRun, row: AgentRun) -> None:

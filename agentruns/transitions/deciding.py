@@ -10,9 +10,11 @@ from contextlib import contextmanager
 from typing import Any
 from uuid import UUID
 
+from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
-from django.db import DatabaseError, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
 
+from agentruns import ledger
 from agentruns.exceptions import (
     AlreadyDecided,
     NotWaiting,
@@ -24,11 +26,19 @@ from agentruns.exceptions import (
 from agentruns.leases import Decided, EventSpec, Lease
 from agentruns.models import (
     AgentRun,
+    AgentRunEvent,
     Status,
 )
 from agentruns.tools.gate import ToolGate
 from agentruns.tools.shown import executing_digest, shown_turn
-from agentruns.transitions._writer import lease_seconds, locked_write, show
+from agentruns.transitions._writer import (
+    execute,
+    known_events,
+    lease_seconds,
+    locked_write,
+    show,
+    written_row,
+)
 from agentruns.turns import (
     Decision,
     decided_digests,
@@ -42,18 +52,23 @@ from agentruns.versions import UnreadableVersion, pin
 
 
 def _lock_run(run_uuid: UUID | str) -> AgentRun:
-    """The run, locked, with its configuration (and approver group) read in the same statement
-    (not locked: ``FOR UPDATE OF`` the run only). A decision's checks read the configuration
-    from here, and an inline continuation gets the row as it stands (no second read). Its
-    configuration is the version the run pinned (``versions.pin``)."""
+    """The run, locked, with its configuration and approver group read in the same statement
+    (not locked: ``FOR UPDATE OF`` the run only; the statement ``lock_waiting_run``). A
+    decision's checks read the configuration from here, and an inline continuation gets the row
+    as it stands (no second read). Its configuration is the version the run pinned
+    (``versions.pin``)."""
     try:
-        run = (
-            AgentRun.objects.select_for_update(of=("self",))
-            .select_related("configuration__approver_group")
-            .get(uuid=run_uuid)
-        )
-    except (AgentRun.DoesNotExist, ValidationError, ValueError) as exc:
+        names, rows = execute("lock_waiting_run", {"uuid": run_uuid})
+    except (ValidationError, ValueError) as exc:  # not a uuid: there is no such run
         raise RunNotFound() from exc
+    if not rows:
+        raise RunNotFound()
+    *row, group_id, group_name = rows[0]
+    run = written_row(names[:-2], row)
+    if group_id is not None:
+        run.configuration.approver_group = Group.from_db(
+            DEFAULT_DB_ALIAS, ["id", "name"], [group_id, group_name]
+        )
     try:
         return pin(run)
     except UnreadableVersion as exc:  # fail closed: nobody can say what would run
@@ -151,6 +166,7 @@ def record_decision(
         lease = Lease(run.pk, run.uuid, identity, run.lease_epoch + 1, next_sequence=0)
         params.update(owner=identity, epoch=lease.epoch, lease_seconds=lease_seconds())
         signer = (lease.owner, lease.epoch)
+    first = run.next_sequence
     row = locked_write(
         run,
         "decide_resume" if identity else "decide_queue",
@@ -162,7 +178,18 @@ def record_decision(
     if row is None:  # pragma: no cover - impossible under the row lock
         raise NotWaiting()
     show(run, row)
-    return Decided(run=run, lease=lease, event=event)
+    return Decided(run=run, lease=lease, event=event, events=_with_own(row, first, event))
+
+
+def _with_own(row: AgentRun, first: int, event: EventSpec) -> list[AgentRunEvent] | None:
+    """The run's events as the decision's statement read them under the row lock (before its
+    own, ``known_events``), followed by the decision's event numbered ``first``; ``None`` when
+    the statement read none (queued, or SQLite: the continuation reads them)."""
+    known = known_events(row)
+    if known is None:
+        return None
+    payload = ledger.canonical_payload(event.payload)
+    return [*known, AgentRunEvent(run_id=row.pk, sequence=first, kind=event.kind, payload=payload)]
 
 
 def record_abandon(run: AgentRun, *, turn_digest: str | None, event: EventSpec) -> AgentRun:

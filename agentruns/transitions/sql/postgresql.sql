@@ -333,6 +333,22 @@ SELECT run.*, configuration.*
          ON configuration.id = run.configuration_id;
 
 
+-- lock_waiting_run --
+-- A decision's read (it writes nothing): the run %(uuid)s, locked (FOR UPDATE OF the run
+-- only), with its configuration and that configuration's approver group (id, name) in the same
+-- statement, for the decision to check and record under the lock (transitions.deciding).
+-- No row: no such run.
+SELECT run.*, configuration.*,
+       approver_group.id AS approver_group_id, approver_group.name AS approver_group_name
+  FROM agentruns_agentrun AS run
+  JOIN agentruns_agentconfiguration AS configuration
+    ON configuration.id = run.configuration_id
+  LEFT JOIN auth_group AS approver_group
+    ON approver_group.id = configuration.approver_group_id
+ WHERE run.uuid = %(uuid)s
+   FOR UPDATE OF run;
+
+
 -- decide_queue --
 -- A decision on a waiting run (read and checked under its row lock), handed to a worker:
 -- queued with the decision in its loop state; pending turn, fence and approval deadline
@@ -371,7 +387,10 @@ SELECT * FROM run;
 -- A decision on a waiting run (read and checked under its row lock), continued inline:
 -- running, claimed by %(owner)s until the clock plus the lease, epoch %(epoch)s, the decision
 -- in its loop state; pending turn, fence and approval deadline cleared; the decision's event
--- appended. Returns the row as decided.
+-- appended. Returns the row as decided and, as known_events, the run's events before the
+-- decision ([sequence, kind, payload] in sequence order, one JSON array: the statement's snapshot
+-- does not see its own insert), read under the row lock: the continuation rebuilds its dialogue
+-- from them without reading them again.
 -- Guard: status %(status)s (the status the decision was made on).
 WITH run AS (
     UPDATE agentruns_agentrun
@@ -402,7 +421,12 @@ WITH run AS (
                duration_ms integer, payload text, actor integer, created_at timestamptz,
                prev_hash text, hash text, ledger_version smallint, ledger_key text)
 )
-SELECT * FROM run;
+SELECT run.*,
+       (SELECT COALESCE(json_agg(json_build_array(e.sequence, e.kind, e.payload)
+                                 ORDER BY e.sequence), '[]')::text
+          FROM agentruns_agentrunevent e
+         WHERE e.run_id = run.id) AS known_events
+  FROM run;
 
 
 -- reconcile_abandon --

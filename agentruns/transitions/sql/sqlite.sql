@@ -226,6 +226,22 @@ UPDATE agentruns_agentrun
 RETURNING *;
 
 
+-- lock_waiting_run --
+-- A decision's read (it writes nothing): the run %(uuid)s, in the decision's IMMEDIATE
+-- transaction (SQLite has no row locks: the transaction holds the database), with its
+-- configuration and that configuration's approver group (id, name) in the same statement, for
+-- the decision to check and record (transitions.deciding).
+-- No row: no such run.
+SELECT run.*, configuration.*,
+       approver_group.id AS approver_group_id, approver_group.name AS approver_group_name
+  FROM agentruns_agentrun AS run
+  JOIN agentruns_agentconfiguration AS configuration
+    ON configuration.id = run.configuration_id
+  LEFT JOIN auth_group AS approver_group
+    ON approver_group.id = configuration.approver_group_id
+ WHERE run.uuid = %(uuid)s;
+
+
 -- decide_queue --
 -- A decision on a waiting run (read and checked under its row lock), handed to a worker:
 -- queued with the decision in its loop state; pending turn, fence and approval deadline

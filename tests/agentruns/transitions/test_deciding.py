@@ -139,6 +139,36 @@ def test_decide_inline_resumes_with_epoch_plus_one_and_a_resume_identity():
     assert run_heartbeat(lease) is False
 
 
+def test_an_inline_decision_hands_on_the_run_s_events_as_the_table_holds_them():
+    """Issue 30: on PostgreSQL the inline decision's statement also reads the run's events
+    under the row lock, so the continuation rebuilds its dialogue without reading them again:
+    they are exactly the stored ones, the decision's own included, payloads as read back. On
+    SQLite none are handed on (the continuation reads them)."""
+    from django.db import connection
+
+    lease = start()
+    assert run_heartbeat(lease, events=[EventSpec(EventKind.LLM, {"content": "é", "n": 1.5})])
+    suspend(lease)
+
+    decided = decide(lease.uuid, identity=RESUMER)
+
+    if connection.vendor != "postgresql":
+        assert decided.events is None
+        return
+    stored = AgentRunEvent.objects.filter(run_id=lease.run_id).order_by("sequence")
+    assert [(e.sequence, e.kind, e.payload) for e in decided.events] == [
+        (e.sequence, e.kind, e.payload) for e in stored
+    ]
+    assert decided.events[-1].kind == EventKind.APPROVAL
+    assert decided.events[-1].sequence == decided.lease.next_sequence - 1
+
+
+def test_a_queued_decision_hands_on_no_events():
+    lease = waiting_run()
+
+    assert decide(lease.uuid).events is None
+
+
 def test_decide_queued_hands_the_run_to_a_worker():
     lease = waiting_run()
 

@@ -45,6 +45,8 @@ def test_every_guarded_statement_has_its_guard_in_its_text(vendor):
     for name, sql in of_vendor(vendor).items():
         if name == "append_events":
             continue  # an INSERT of events, in the transaction of a guarded write
+        if name == "lock_waiting_run":
+            continue  # a decision's read under the row lock, before its guarded write
         assert re.search(r"\bUPDATE agentruns_agentrun\b", sql), name
         assert re.search(r"\bWHERE (run\.)?(id|uuid) = ", sql), name
 
