@@ -18,6 +18,7 @@ from agentruns import selectors
 from agentruns.admin_rules import ApprovalRuleAdmin, ApprovalRuleEventAdmin
 from agentruns.admin_runs import AgentRunAdmin, AgentRunEventAdmin
 from agentruns.admin_triggers import EventSourceAdmin, RunScheduleAdmin
+from agentruns.admin_versions import ConfigurationVersionAdmin, versions_table
 from agentruns.exceptions import LeaseholdError
 from agentruns.jsonview import pretty_json
 from agentruns.models import (
@@ -32,12 +33,13 @@ from agentruns.models import (
 from agentruns.services.mcp_sync import mcp_server_sync
 from agentruns.tools.mcp_tools import read_only_by_operator
 
-# Registered by agentruns.admin_runs, agentruns.admin_rules and agentruns.admin_triggers.
+# Registered by agentruns.admin_runs, admin_rules, admin_triggers and admin_versions.
 __all__ = [
     "AgentRunAdmin",
     "AgentRunEventAdmin",
     "ApprovalRuleAdmin",
     "ApprovalRuleEventAdmin",
+    "ConfigurationVersionAdmin",
     "EventSourceAdmin",
     "RunScheduleAdmin",
 ]
@@ -66,9 +68,22 @@ class AgentConfigurationAdmin(admin.ModelAdmin):
     list_select_related = ["approver_group"]
     search_fields = ["slug", "name"]
     prepopulated_fields = {"slug": ["name"]}
-    readonly_fields = ["created_at", "updated_at"]
+    # Versions: read-only, every save that changes a pinned setting adds one
+    # (agentruns.services.versions).
+    readonly_fields = ["created_at", "updated_at", "versions"]
     actions = ["deactivate_and_cancel_waiting"]
     formfield_overrides = HTTPS_URLS
+
+    @admin.display(description="versions")
+    def versions(self, configuration: AgentConfiguration) -> str:
+        return versions_table(configuration)
+
+    def save_model(
+        self, request: HttpRequest, obj: AgentConfiguration, form: Any, change: bool
+    ) -> None:
+        """Save, naming the person as the author of the version the save makes (if any)."""
+        obj.changed_by = request.user
+        super().save_model(request, obj, form, change)
 
     @admin.action(
         description="Deactivate, and cancel their runs waiting for a person",

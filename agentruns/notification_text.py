@@ -105,7 +105,7 @@ def waiting_items() -> list[Item]:
     check leaves it to a person."""
     runs = (
         AgentRun.objects.filter(status__in=WAITING_FOR_A_PERSON)
-        .select_related("configuration__approver_group", "escalated_to")
+        .select_related("configuration__approver_group", "config_version", "escalated_to")
         .order_by("updated_at", "pk")
     )
     return [item for item in map(item_for, runs) if item is not None]

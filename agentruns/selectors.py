@@ -95,7 +95,7 @@ def run_get(*, run_uuid: UUID | str, user: User | None) -> AgentRun:
         return visible_runs(
             user=user,
             queryset=AgentRun.objects.select_related(
-                "configuration__approver_group", "initiator", "escalated_to"
+                "configuration__approver_group", "config_version", "initiator", "escalated_to"
             ),
         ).get(uuid=run_uuid)
     except (AgentRun.DoesNotExist, ValidationError, ValueError):
@@ -184,7 +184,9 @@ def stale_runs(*, after: tuple[Any, int] | None = None) -> QuerySet[AgentRun]:
         queryset = queryset.filter(lease_expires__gte=lease_expires).exclude(
             lease_expires=lease_expires, pk__lte=pk
         )
-    return queryset.select_related("configuration").order_by("lease_expires", "pk")
+    return queryset.select_related("configuration", "config_version").order_by(
+        "lease_expires", "pk"
+    )
 
 
 def overdue_waiting_runs() -> QuerySet[AgentRun]:
@@ -222,7 +224,8 @@ def run_list(
     """The runs ``user`` may see, newest first, optionally narrowed to a status, a configuration
     slug, an initiator."""
     queryset = visible_runs(
-        user=user, queryset=AgentRun.objects.select_related("configuration", "initiator")
+        user=user,
+        queryset=AgentRun.objects.select_related("configuration", "config_version", "initiator"),
     )
     if status:
         queryset = queryset.filter(status=status)
@@ -253,7 +256,9 @@ def inbox_runs(*, user: User | None, kind: str | None = None) -> QuerySet[AgentR
     return (
         visible_runs(user=user)
         .filter(status__in=statuses)
-        .select_related("configuration__approver_group", "initiator", "escalated_to")
+        .select_related(
+            "configuration__approver_group", "config_version", "initiator", "escalated_to"
+        )
         .order_by("created_at", "pk")
     )
 

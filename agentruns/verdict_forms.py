@@ -38,6 +38,7 @@ from agentruns.turns import (
     CallVerdict,
     PendingTurn,
 )
+from agentruns.versions import pinned_configuration
 
 # What a card's buttons post as ``decision``.
 APPROVE_ALL = "approve"
@@ -263,8 +264,9 @@ def turn_call_forms(
     """``call_forms`` for ``run``'s approval turn ``pending`` (as its card shows it) as ``reader``
     may decide it (``call_choices``: the rules the service checks), each call's edit built from
     its tool's schema as the run would call it (``edit_schema``)."""
+    configuration = pinned_configuration(run)
     choices = call_choices(
-        user=reader, configuration=run.configuration, pending=pending, initiator_id=run.initiator_id
+        user=reader, configuration=configuration, pending=pending, initiator_id=run.initiator_id
     )
     return call_forms(
         calls=pending.calls,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -25,6 +26,7 @@ from agentruns.turns import (
     read_pending_turn,
     waits_for_a_human,
 )
+from agentruns.versions import version_number
 
 MODE_CHOICES = [("sync", "sync"), ("queued", "queued")]
 DECISION_MODE_CHOICES = [("inline", "inline"), ("queued", "queued")]
@@ -314,6 +316,8 @@ class RunSerializer(serializers.Serializer):
 
     uuid = serializers.UUIDField()
     configuration = serializers.SlugField(source="configuration.slug")
+    # The configuration version the run pinned when it started (docs/configuration-versions.md).
+    configuration_version = serializers.SerializerMethodField()
     initiator = serializers.CharField(source="initiator.get_username", allow_null=True)
     prompt = serializers.CharField()
     status = serializers.ChoiceField(choices=Status.choices)
@@ -351,6 +355,10 @@ class RunSerializer(serializers.Serializer):
 
     def get_currency(self, run: AgentRun) -> str:
         return budgets.currency()
+
+    @extend_schema_field(OpenApiTypes.INT)
+    def get_configuration_version(self, run: AgentRun) -> int:
+        return version_number(run)
 
 
 #: A run list cuts each run's prompt and output here; its detail has them whole.

@@ -24,6 +24,7 @@ from agentruns.notification_text import (
     when_text,
 )
 from agentruns.turns import APPROVAL
+from agentruns.versions import pinned_configuration
 
 APPROVE = "leasehold_approve"
 DENY = "leasehold_deny"
@@ -47,7 +48,8 @@ def button_value(item: Item) -> str:
 def _buttons(item: Item) -> list[Block]:
     buttons: list[Block] = []
     if item.pending.kind == APPROVAL:
-        problem = chat_approval_problem(configuration=item.run.configuration, pending=item.pending)
+        configuration = pinned_configuration(item.run)
+        problem = chat_approval_problem(configuration=configuration, pending=item.pending)
         if problem is None:
             buttons.append(
                 {

@@ -60,6 +60,7 @@ from agentruns.tools.gate import ToolGate
 from agentruns.tools.shown import shown_turn
 from agentruns.transitions.external import run_save_external_state
 from agentruns.turns import Call, LoopState, Turn, read_pending_turn
+from agentruns.versions import pin
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class Holding:
         self._seg = Segment(
             lease=lease,
             run=run,
-            config=run.configuration,
+            config=pin(run).configuration,  # the version the run pinned
             request=request,
             gate=ToolGate.of(run),
             provider=_no_provider,

@@ -2,6 +2,7 @@
 
 - ``choices``: the run vocabulary (status, reason, effect, event kind, …) and its sets;
 - ``configuration``: ``AgentConfiguration``;
+- ``configuration_versions``: ``ConfigurationVersion``, the immutable versions a run pins;
 - ``runs``: ``AgentRun`` and its append-only ``AgentRunEvent`` stream;
 - ``mcp``: ``McpServer``, a registered remote tool server;
 - ``bookkeeping``: ``Counter``, ``NotificationState``, ``SpendDay`` and ``SpendHold``;
@@ -58,6 +59,7 @@ from agentruns.models.triggers import (
     StartOutcome,
 )
 from agentruns.models.approval_rules import ApprovalRule, ApprovalRuleEvent, RuleEventKind
+from agentruns.models.configuration_versions import ConfigurationVersion
 # isort: on
 
 __all__ = [
@@ -74,6 +76,7 @@ __all__ = [
     "ApprovalRule",
     "ApprovalRuleEvent",
     "ApprovalTimeoutAction",
+    "ConfigurationVersion",
     "Counter",
     "Effect",
     "EventAction",

@@ -7,7 +7,9 @@ Status, lease and fence columns are written only by ``agentruns.transitions``; n
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -24,12 +26,43 @@ from agentruns.models.choices import (
 from agentruns.models.configuration import AgentConfiguration
 
 
+def _pin_versions(runs: Iterable[AgentRun]) -> None:
+    """Pin each run inserted without a version to its configuration's current one
+    (``services.versions``; one read per configuration), or, given a run's pinned view of a
+    configuration, to the version that view shows."""
+    from agentruns.services.versions import configuration_version_record
+
+    pinned: dict[int, Any] = {}
+    for run in runs:
+        shown = run.configuration.pinned_version if run.config_version_id is None else None
+        if shown is not None:  # started from another run's view: that same version
+            run.config_version_id = shown.version_id
+        elif run.config_version_id is None:
+            key = run.configuration_id
+            if key not in pinned:
+                pinned[key] = configuration_version_record(configuration=run.configuration)
+            run.config_version = pinned[key]
+
+
+class AgentRunQuerySet(models.QuerySet["AgentRun"]):
+    def bulk_create(self, objs: Iterable[AgentRun], *args: Any, **kwargs: Any) -> list[AgentRun]:
+        """As Django's, each run pinned first (``_pin_versions``), as ``AgentRun.save`` does."""
+        objs = list(objs)
+        _pin_versions(objs)
+        return super().bulk_create(objs, *args, **kwargs)
+
+
 class AgentRun(models.Model):
     """One agent run. Its status, claim, lease and fence change only through transitions."""
 
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     configuration = models.ForeignKey(
         AgentConfiguration, on_delete=models.PROTECT, related_name="runs"
+    )
+    # The configuration's version the run started with (docs/configuration-versions.md): every
+    # segment, decision and card reads the pinned settings from it. Set at insert (``save``).
+    config_version = models.ForeignKey(
+        "agentruns.ConfigurationVersion", on_delete=models.PROTECT, related_name="runs"
     )
     initiator = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -111,6 +144,8 @@ class AgentRun(models.Model):
     external_framework = models.CharField(max_length=64, blank=True, default="")
     external_state = models.JSONField(null=True, blank=True)
 
+    objects = AgentRunQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at"]
         indexes = [
@@ -131,6 +166,14 @@ class AgentRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.uuid} ({self.status})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Insert only (``transitions`` write an existing run): a run inserted without a
+        version pins its configuration's current one (``services.versions``), whoever inserts
+        it."""
+        if self._state.adding:
+            _pin_versions([self])
+        super().save(*args, **kwargs)
 
     @property
     def is_terminal(self) -> bool:

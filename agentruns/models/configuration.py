@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
@@ -16,6 +17,9 @@ from django.db.models import Q
 from agentruns.models.choices import FINAL_TIMEOUT_ACTIONS, ApprovalTimeoutAction, Provider
 from agentruns.secrets import secret_env_problem
 from agentruns.storable import json_problem
+
+if TYPE_CHECKING:
+    from agentruns.versions import PinnedValues
 
 #: The longest provider call a configuration may allow (``timeout_seconds``).
 MAX_TIMEOUT_SECONDS = 3600
@@ -207,8 +211,30 @@ class AgentConfiguration(models.Model):
             ),
         ]
 
+    #: On the copy ``agentruns.versions.pinned_configuration`` makes for a run: the version it
+    #: shows (such a copy is never saved). ``None`` on the live row.
+    pinned_version: PinnedValues | None = None
+    #: Who is changing the row (the admin sets it before saving): the new version's author.
+    changed_by: Any = None
+
     def __str__(self) -> str:
         return self.name or self.slug
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save, then record the version of what was saved (``services.versions``: a new one
+        only when a pinned field changed), in one transaction. A pinned view refuses."""
+        if self.pinned_version is not None:
+            raise RuntimeError(f"{self.slug}: a run's pinned view of a configuration is not saved")
+        from django.db import transaction
+
+        from agentruns.services.versions import configuration_version_record
+        from agentruns.versions import PINNED_FIELDS
+
+        update_fields = kwargs.get("update_fields")
+        with transaction.atomic():
+            super().save(*args, **kwargs)
+            if update_fields is None or set(update_fields) & set(PINNED_FIELDS):
+                configuration_version_record(configuration=self, created_by=self.changed_by)
 
     def clean(self) -> None:
         """Refuses what a run could not use or the database could not store: a timeout outside

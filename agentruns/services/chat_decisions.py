@@ -54,6 +54,7 @@ from agentruns.outbound import post_json
 from agentruns.services.decisions import run_decide
 from agentruns.tools.shown import shown_turn
 from agentruns.turns import read_pending_turn
+from agentruns.versions import pinned_configuration
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def _approvable(run_uuid: str, turn_digest: str) -> None:
     run = (
         AgentRun.objects.filter(uuid=run_uuid)
         .select_related("configuration")
-        .only("uuid", "status", "pending_turn", "request", "configuration")
+        .only("uuid", "status", "pending_turn", "request", "configuration", "config_version")
         .first()
     )
     if run is None or run.status != Status.WAITING_FOR_APPROVAL:
@@ -109,7 +110,7 @@ def _approvable(run_uuid: str, turn_digest: str) -> None:
     pending = shown_turn(run, read_pending_turn(run))
     if pending.turn_digest != turn_digest:
         return
-    problem = chat_approval_problem(configuration=run.configuration, pending=pending)
+    problem = chat_approval_problem(configuration=pinned_configuration(run), pending=pending)
     if problem is not None:
         raise ChatApprovalRefused(f"Approving from Slack is refused: {problem}.")
 

@@ -70,6 +70,7 @@ def expire_overdue(
         "approval_deadline",
         "approval_timeout_action",
         "configuration",
+        "config_version",
         *tracing.RUN_FIELDS,
     )[: limit or EXPIRE_LIMIT]
     outcomes: list[DeadlineOutcome] = []

@@ -226,7 +226,7 @@ def notify_escalated(*, run_uuid: str) -> EscalationReport:
     report = EscalationReport()
     run = (
         AgentRun.objects.filter(uuid=run_uuid, status__in=list(DEADLINE_STATUSES))
-        .select_related("configuration__approver_group", "escalated_to")
+        .select_related("configuration__approver_group", "config_version", "escalated_to")
         .first()
     )
     if run is None or run.escalated_to_id is None or not app_settings().notify_email:

@@ -21,11 +21,15 @@ from agentruns import decided_calls, display
 from agentruns.jsonview import pretty_json
 from agentruns.permission_words import authority_permissions
 from agentruns.run_counts import run_counts
+from agentruns.versions import pinned_or_live, version_label
 
 register = template.Library()
 register.filter("pretty_json", pretty_json)  # the one JSON printer, for a value a person chose
 
 register.filter("status_label", display.status_label)
+# A run's configuration version (``v3``) and its configuration as the run sees it (pinned).
+register.filter("run_version", version_label)
+register.filter("pinned_configuration", pinned_or_live)
 register.filter("reason_label", display.reason_label)
 register.filter("event_kind_label", display.event_kind_label)
 register.filter("effect_text", display.effect_text)

@@ -47,8 +47,12 @@ class ToolGate:
 
     @classmethod
     def of(cls, run: AgentRun) -> ToolGate:
-        """The gate of ``run`` (its configuration as loaded with it, its request)."""
-        return cls.for_run(run.configuration, run.request if isinstance(run.request, dict) else {})
+        """The gate of ``run``: the tools of the configuration version it pinned
+        (``versions.pinned_configuration``, never the live row's), narrowed by its request."""
+        from agentruns.versions import pinned_configuration
+
+        configuration = pinned_configuration(run)
+        return cls.for_run(configuration, run.request if isinstance(run.request, dict) else {})
 
     def available(self, name: str) -> Tool | None:
         if self.allowed is not None and name not in self.allowed:

@@ -46,6 +46,7 @@ from agentruns.turns import (
     stored_digest,
     with_decision,
 )
+from agentruns.versions import UnreadableVersion, pin
 
 # --- Decisions (read, check and claim under the row lock) ----------------------------------------
 
@@ -54,7 +55,8 @@ def _lock_run(run_uuid: UUID | str) -> AgentRun:
     """The run, locked, with its configuration and approver group read in the same statement
     (not locked: ``FOR UPDATE OF`` the run only; the statement ``lock_waiting_run``). A
     decision's checks read the configuration from here, and an inline continuation gets the row
-    as it stands (no second read)."""
+    as it stands (no second read). Its configuration is the version the run pinned
+    (``versions.pin``)."""
     try:
         names, rows = execute("lock_waiting_run", {"uuid": run_uuid})
     except (ValidationError, ValueError) as exc:  # not a uuid: there is no such run
@@ -67,7 +69,10 @@ def _lock_run(run_uuid: UUID | str) -> AgentRun:
         run.configuration.approver_group = Group.from_db(
             DEFAULT_DB_ALIAS, ["id", "name"], [group_id, group_name]
         )
-    return run
+    try:
+        return pin(run)
+    except UnreadableVersion as exc:  # fail closed: nobody can say what would run
+        raise UnreadableState(f"its configuration version cannot be read: {exc}") from exc
 
 
 def _check_turn(run: AgentRun, *, expected_status: str, turn_digest: str | None) -> None:

@@ -31,6 +31,7 @@ from agentruns.models import (
 from agentruns.models.configuration import MAX_APPROVAL_TIMEOUT
 from agentruns.transitions._writer import locked_write
 from agentruns.turns import DEADLINE
+from agentruns.versions import UnreadableVersion, pinned_values
 
 
 @dataclass(frozen=True)
@@ -63,22 +64,27 @@ class EscalationPlan:
 
 
 def escalation_plan(run: AgentRun) -> EscalationPlan:
-    """The escalation ``run``'s configuration asks for, read afresh (one query)."""
+    """The escalation ``run``'s configuration asks for: whether it is active and its group read
+    afresh (one query), the second deadline and its action from the version ``run`` pinned."""
     row = (
         AgentConfiguration.objects.filter(pk=run.configuration_id)
         .values(
             "is_active",
             "escalation_group_id",
             "escalation_group__name",
-            "escalation_timeout",
-            "on_escalation_timeout",
         )
         .first()
     )
     if row is None:  # pragma: no cover - a configuration is PROTECTed while it has runs
         return EscalationPlan(False, None, "", None, ApprovalTimeoutAction.FAIL)
-    final = row["on_escalation_timeout"]
-    timeout = row["escalation_timeout"]
+    # The second deadline and its action are the run's pinned version's (the group is live:
+    # people, not versions).
+    try:
+        pinned = pinned_values(run.config_version_id).values
+    except UnreadableVersion:  # fail closed: nobody knows what the run was to do
+        return EscalationPlan(False, None, "", None, ApprovalTimeoutAction.FAIL)
+    final = pinned["on_escalation_timeout"]
+    timeout = pinned["escalation_timeout"]
     return EscalationPlan(
         active=bool(row["is_active"]),
         group_id=row["escalation_group_id"],

@@ -54,6 +54,7 @@ from agentruns.services.runtime.turn_step import run_turn
 from agentruns.services.runtime.verdicts import apply_decision
 from agentruns.tools.gate import ToolGate
 from agentruns.tools.mcp_sessions import session_scope
+from agentruns.versions import pin
 
 logger = logging.getLogger(__name__)
 
@@ -207,10 +208,11 @@ def _settle_answer(
 
 def _segment(lease: Lease, run: AgentRun | None, retry: RetryScheduler | None) -> Segment:
     """What the segment works with: the run as the claim returned it (else read now) and its
-    configuration, re-read on every segment (identity over snapshot)."""
+    configuration as the run pinned it (``versions.pin``: the version the run started with,
+    cached in-process; the live row only for what is not versioned)."""
     if run is None:
         run = AgentRun.objects.select_related("configuration").get(pk=lease.run_id)
-    config = run.configuration
+    config = pin(run).configuration
     request = run.request if isinstance(run.request, dict) else {}
     return Segment(
         lease=lease,

@@ -24,6 +24,7 @@ from agentruns.tools.result_kinds import DENIED_MESSAGE as DENIED_MESSAGE
 from agentruns.tools.result_kinds import EXPIRED_MESSAGE as EXPIRED_MESSAGE
 from agentruns.tools.result_kinds import denied_message as denied_message
 from agentruns.turns import LoopState, Unreadable
+from agentruns.versions import pinned_or_live
 
 
 class NotRehydratable(Exception):
@@ -35,12 +36,13 @@ ANSWERED = "answered"
 
 
 def system_prompt_for(run: AgentRun) -> str:
-    """The request's system prompt, else the configuration's; followed by what the answer must
-    be when the configuration sets an ``output_schema``."""
+    """The request's system prompt, else the pinned configuration version's; followed by what
+    the answer must be when that version sets an ``output_schema``."""
     request = run.request if isinstance(run.request, dict) else {}
     override = request.get("system_prompt")
-    prompt = override if isinstance(override, str) and override else run.configuration.system_prompt
-    schema = run.configuration.output_schema
+    configuration = pinned_or_live(run)  # the run's version (a segment pinned it already)
+    prompt = override if isinstance(override, str) and override else configuration.system_prompt
+    schema = configuration.output_schema
     if schema is None:
         return prompt
     return "\n\n".join(part for part in (prompt, schema_instruction(schema)) if part)

@@ -137,11 +137,9 @@ def test_the_deadline_is_fixed_when_the_run_starts_waiting(probes):
     assert reaper.reap_stale_runs().expired == []  # 30 minutes, not 1 second
 
 
-def test_each_wait_writes_its_own_deadline_and_none_carries_over(probes):
-    configuration = config(
-        script=[tool_turn(WRITE), tool_turn(call("probe_create", value="y")), {"content": "ok"}],
-        approval_timeout=LONG,
-    )
+def test_each_wait_writes_its_own_deadline_from_the_version_the_run_pinned(probes):
+    script = [tool_turn(WRITE), tool_turn(call("probe_create", value="y")), {"content": "ok"}]
+    configuration = config(script=script, approval_timeout=LONG)
     first = runs.run_start_sync(configuration=configuration, prompt="two writes").run
     first = AgentRun.objects.get(pk=first.pk)
     assert first.approval_deadline is not None
@@ -150,7 +148,14 @@ def test_each_wait_writes_its_own_deadline_and_none_carries_over(probes):
     assert decide_inline(first).outcome == Outcome.AWAITING_APPROVAL
     second = AgentRun.objects.get(pk=first.pk)
     assert second.status == Status.WAITING_FOR_APPROVAL
-    assert second.approval_deadline is None and second.approval_timeout_action == ""
+    # Its second wait has a deadline of its own, from the version it started with.
+    assert second.approval_deadline is not None and second.approval_deadline >= (
+        first.approval_deadline
+    )
+    later = runs.run_start_sync(configuration=configuration, prompt="after the edit").run
+    later = AgentRun.objects.get(pk=later.pk)
+    assert later.status == Status.WAITING_FOR_APPROVAL
+    assert later.approval_deadline is None and later.approval_timeout_action == ""
 
 
 # --- deny --------------------------------------------------------------------------------------

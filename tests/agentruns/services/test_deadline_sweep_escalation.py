@@ -319,11 +319,13 @@ def test_a_decision_before_the_deadline_leaves_nothing_to_escalate(probes, group
 
 
 def test_a_configuration_that_cannot_escalate_any_more_ends_the_wait_at_once(probes, groups):
+    # The group is live (people, not versions); the second deadline is the run's pinned
+    # version's (tests/agentruns/services/test_versions_pinning.py).
     approvers, leads = groups
     timeout_removed = escalating(approvers, leads, then="deny")
     pass_deadline(timeout_removed)
     type(timeout_removed.configuration).objects.filter(pk=timeout_removed.configuration_id).update(
-        escalation_timeout=None
+        escalation_group=None
     )
     deactivated = escalating(approvers, leads, then="deny")
     pass_deadline(deactivated)
