@@ -1,4 +1,4 @@
-"""The migration ``0027_configuration_versions``: version 1 of every existing configuration, every
+"""The migration ``0031_configuration_versions``: version 1 of every existing configuration, every
 existing run pinned to it, on SQLite and PostgreSQL alike (run this module with each)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from agentruns.models import AgentRun, ConfigurationVersion
 from agentruns.services import runs
 
 BEFORE = ("agentruns", "0030_standing_approvals")  # the migration before this one
-AFTER = ("agentruns", "0027_configuration_versions")
+AFTER = ("agentruns", "0031_configuration_versions")
 
 
 def migrate(targets: list[tuple[str, str]]) -> None:
