@@ -68,8 +68,8 @@ PINNED_FIELDS: tuple[str, ...] = (
 
 #: What stays live (read from the configuration's row, never versioned): its identity, whether
 #: it is active (a deactivation stops its runs at once), the people (approver and escalation
-#: groups), where notices go, and the daily budget (one spend ledger for all its runs: lowering
-#: it is a brake that must reach runs already going).
+#: groups), where notices go, whether standing approvals exist, and the daily budget (one
+#: spend ledger for all its runs: lowering it is a brake that must reach runs already going).
 LIVE_FIELDS: tuple[str, ...] = (
     "slug",
     "name",
@@ -78,6 +78,7 @@ LIVE_FIELDS: tuple[str, ...] = (
     "escalation_group",
     "notify_webhook_url",
     "daily_budget",
+    "has_standing_rules",
 )
 
 _JSON_FIELDS = frozenset({"tools", "script", "output_schema"})

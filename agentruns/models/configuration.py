@@ -155,6 +155,10 @@ class AgentConfiguration(models.Model):
         "and Open only.",
     )
     is_active = models.BooleanField(default=True)
+    # Whether a standing approval was made and not revoked since (services.approval_rules keeps
+    # it): a segment looks for rules only when it is set, so a configuration without rules pays
+    # no statement for them (docs/design.md §5.13). Live, never versioned.
+    has_standing_rules = models.BooleanField(default=False, editable=False)
     # Cost (agentruns.budgets): prices in AGENTRUNS["COST_CURRENCY"]; empty = not priced.
     price_per_million_prompt_tokens = models.DecimalField(
         max_digits=12,

@@ -18,6 +18,7 @@ from uuid import UUID
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Exists
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -177,6 +178,7 @@ def approval_rule_create(
     )
     with transaction.atomic():
         rule.save()
+        AgentConfiguration.objects.filter(pk=rule.configuration_id).update(has_standing_rules=True)
         _event(
             rule,
             RuleEventKind.CREATED,
@@ -184,6 +186,17 @@ def approval_rule_create(
             payload={**rule_payload(rule), "authority": authority.as_payload()},
         )
     return rule
+
+
+def _forget_rules_if_none_left(configuration_id: int) -> None:
+    """Clear the configuration's ``has_standing_rules`` when none of its rules is left
+    unrevoked (expired or used-up rules keep it set: the look then finds nothing)."""
+    unrevoked = ApprovalRule.objects.filter(
+        configuration_id=configuration_id, revoked_at__isnull=True
+    )
+    AgentConfiguration.objects.filter(pk=configuration_id).update(
+        has_standing_rules=Exists(unrevoked)
+    )
 
 
 def _locked_rule(rule_uuid: UUID | str) -> ApprovalRule:
@@ -212,6 +225,7 @@ def approval_rule_revoke(*, actor: User, rule_uuid: UUID | str) -> ApprovalRule:
         if rule.revoked_at is not None:
             return rule
         ApprovalRule.objects.filter(pk=rule.pk).update(revoked_at=Now(), revoked_by_id=actor.pk)
+        _forget_rules_if_none_left(rule.configuration_id)
         _event(rule, RuleEventKind.REVOKED, actor)
     rule.refresh_from_db()
     return rule

@@ -156,9 +156,10 @@ def turn_is_covered(
     *, configuration: AgentConfiguration, pending: PendingTurn, initiator_id: int | None
 ) -> bool:
     """The segment's look before it suspends (read-only, no lock; one query unless no call
-    needs a decision): whether rules would approve ``pending``. Only a hint: the decision is
+    needs a decision or the configuration has no unrevoked rule, ``has_standing_rules``):
+    whether rules would approve ``pending``. Only a hint: the decision is
     ``approve_by_rules``'s, under the locks."""
-    if _refusal(pending) is not None:
+    if not configuration.has_standing_rules or _refusal(pending) is not None:
         return False
     tools = {call.name for call in pending.calls if call.needs_approval}
     rules = list(active_rules(configuration, tools).order_by("created_at", "id"))

@@ -79,3 +79,30 @@ def test_only_the_author_or_someone_with_the_authority_revokes():
     assert audit(rule) == ["created", "revoked"]
     with pytest.raises(RuleNotFound):
         approval_rule_revoke(actor=alice, rule_uuid="nope")
+
+
+def _flag(configuration) -> bool:
+    configuration.refresh_from_db(fields=["has_standing_rules"])
+    return configuration.has_standing_rules
+
+
+def test_the_configuration_is_flagged_while_an_unrevoked_rule_exists():
+    configuration = config()
+    alice = author()
+    assert not _flag(configuration)
+
+    def make() -> ApprovalRule:
+        return approval_rule_create(
+            actor=alice,
+            configuration=configuration.slug,
+            tool="probe_write",
+            arguments_schema={},
+            expires_at=timezone.now() + timedelta(days=1),
+        )
+
+    first, second = make(), make()
+    assert _flag(configuration)
+    approval_rule_revoke(actor=alice, rule_uuid=first.uuid)
+    assert _flag(configuration)  # the second still stands
+    approval_rule_revoke(actor=alice, rule_uuid=second.uuid)
+    assert not _flag(configuration)

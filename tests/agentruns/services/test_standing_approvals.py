@@ -259,6 +259,21 @@ def test_a_person_still_decides_a_turn_no_rule_covers(probes):
     assert result.outcome == Outcome.COMPLETED
 
 
+def test_a_configuration_without_an_unrevoked_rule_pays_no_statement_for_rules(probes):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    configuration = config()
+    with CaptureQueriesContext(connection) as untouched:
+        assert start(configuration).outcome == Outcome.AWAITING_APPROVAL
+    approval_rule_revoke(actor=author(), rule_uuid=make_rule(configuration).uuid)
+    with CaptureQueriesContext(connection) as revoked:
+        assert start(configuration).outcome == Outcome.AWAITING_APPROVAL
+
+    for queries in (untouched, revoked):
+        assert not [q for q in queries.captured_queries if "approvalrule" in q["sql"]]
+
+
 # --- A crash between counting the use and recording the approval ------------------------------
 
 
