@@ -164,3 +164,4 @@ def varied_history(seed: int = 14) -> None:
         for day in range(14)
         for n, spender in enumerate(spenders)
     )
+    auto_approvals(configuration, 18)
