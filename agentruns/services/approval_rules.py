@@ -26,6 +26,7 @@ from agentruns.authority import Authority, Decider, approval_authority
 from agentruns.exceptions import InvalidRequest, NotPermitted, RuleNotFound
 from agentruns.models import AgentConfiguration, ApprovalRule, ApprovalRuleEvent, RuleEventKind
 from agentruns.services._common import User
+from agentruns.storable import json_problem
 from agentruns.tools.gate import ToolGate
 from agentruns.tools.schemas import InvalidSchema, check_matching_schema
 from agentruns.turns import Call, PendingTurn
@@ -93,6 +94,12 @@ def _checked_uses(max_uses: Any) -> int | None:
 
 
 def _checked_schema(schema: Any) -> dict[str, Any]:
+    # What the database refuses (NUL, a lone surrogate, NaN) is refused here, with the field,
+    # before the schema checks: the admin's form reaches this without the API's strict parser.
+    if (problem := json_problem(schema)) is not None:
+        raise InvalidRequest(
+            f"arguments_schema cannot be stored: {problem}", field="arguments_schema"
+        )
     try:
         check_matching_schema(schema, what="arguments_schema")
     except InvalidSchema as exc:

@@ -106,3 +106,22 @@ def test_the_configuration_is_flagged_while_an_unrevoked_rule_exists():
     assert _flag(configuration)  # the second still stands
     approval_rule_revoke(actor=alice, rule_uuid=second.uuid)
     assert not _flag(configuration)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [{"properties": {"value": {"const": "a\x00b"}}}, {"const": float("nan")}, {"\ud800": {}}],
+    ids=["nul", "nan", "lone-surrogate"],
+)
+def test_a_schema_the_database_cannot_store_is_refused_naming_the_field(schema):
+    configuration = config()
+    with pytest.raises(InvalidRequest) as refused:
+        approval_rule_create(
+            actor=author(),
+            configuration=configuration.slug,
+            tool="probe_write",
+            arguments_schema=schema,
+            expires_at=timezone.now() + timedelta(days=1),
+        )
+    assert refused.value.detail["field"] == "arguments_schema"
+    assert not ApprovalRule.objects.exists()
